@@ -1,0 +1,186 @@
+"""The ``bertzoo`` command. Sub-commands import the trainer (and torch) only when they run."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from .tasks import TASK_NAMES
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S", stream=sys.stderr)
+
+
+def _parse_tasks(value: str) -> tuple[str, ...]:
+    tasks = tuple(t.strip() for t in value.split(",") if t.strip())
+    bad = [t for t in tasks if t not in TASK_NAMES]
+    if bad or not tasks:
+        raise click.BadParameter(f"unknown task(s) {bad}; choose from {','.join(TASK_NAMES)}")
+    return tasks
+
+
+def _parse_overrides(pairs: tuple[str, ...]) -> dict:
+    overrides = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--encoder")
+        try:
+            overrides[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            overrides[key] = raw  # a bare string such as attention=sparsegen_lin
+    return overrides
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+def main(verbose: bool) -> None:
+    """bertzoo: train, evaluate, export and serve small multitask BERT encoders."""
+    _setup_logging(verbose)
+
+
+# click option name -> TrainConfig field (same name with dashes); None defaults mean "keep the config's default".
+_TRAIN_FIELDS = (
+    "data_dir", "out_dir", "sentiment_dataset", "limit_per_task", "eval_limit_per_task", "backbone", "pooling",
+    "similarity_head", "max_seq_length", "qa_max_length", "qa_doc_stride", "epochs", "max_steps", "batch_size", "lr",
+    "head_lr", "weight_decay", "warmup_ratio", "grad_clip", "sampling", "precision", "seed", "log_every",
+    "keep_checkpoints",
+)
+
+
+@main.command()
+@click.option("--data", "data_dir", type=click.Path(file_okay=False), default=None,
+              help="Data directory in the standard layout (see README). Default: the small bundled samples.")
+@click.option("--out", "out_dir", default="runs/default", help="Run directory: checkpoints, logs, metrics.")
+@click.option("--tasks", default=",".join(TASK_NAMES), help="Comma-separated tasks to train.")
+@click.option("--sentiment-dataset", type=click.Choice(["sst5", "cfimdb", "sst2"]), default=None)
+@click.option("--backbone", default=None, help="'default' (all-MiniLM-L6-v2) or a HuggingFace BERT directory.")
+@click.option("--random-init", is_flag=True, default=None, help="Build the encoder from the backbone config only.")
+@click.option("--encoder", "encoder_overrides", multiple=True, metavar="KEY=VALUE",
+              help="Encoder config override, e.g. attention=sparsegen_lin, sparsegen_lambda=-3, num_hidden_layers=2.")
+@click.option("--pooling", type=click.Choice(["cls", "mean"]), default=None)
+@click.option("--similarity-head", type=click.Choice(["cosine", "concat"]), default=None)
+@click.option("--max-seq-length", type=int, default=None)
+@click.option("--qa-max-length", type=int, default=None)
+@click.option("--qa-doc-stride", type=int, default=None)
+@click.option("--epochs", type=float, default=None)
+@click.option("--max-steps", type=int, default=None, help="Stop after this many steps (overrides --epochs).")
+@click.option("--limit-per-task", type=int, default=None, help="Use only the first N training examples per task.")
+@click.option("--eval-limit-per-task", type=int, default=None, help="Evaluate on the first N dev examples per task.")
+@click.option("--batch-size", type=int, default=None)
+@click.option("--lr", type=float, default=None)
+@click.option("--head-lr", type=float, default=None)
+@click.option("--weight-decay", type=float, default=None)
+@click.option("--warmup-ratio", type=float, default=None)
+@click.option("--grad-clip", type=float, default=None)
+@click.option("--sampling", type=click.Choice(["round_robin", "proportional", "annealed"]), default=None)
+@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16"]), default=None)
+@click.option("--seed", type=int, default=None)
+@click.option("--log-every", type=int, default=None)
+@click.option("--keep-checkpoints", type=int, default=None)
+@click.option("--no-eval", is_flag=True, help="Skip the per-epoch dev evaluation.")
+@click.option("--no-progress", is_flag=True, help="No progress bar (logs only).")
+@click.option("--resume", is_flag=True, help="Continue the run in --out from its last checkpoint and saved config.")
+def train(tasks: str, encoder_overrides: tuple[str, ...], random_init: bool | None, no_eval: bool, no_progress: bool,
+          resume: bool, **options) -> None:
+    """Fine-tune one multitask model (sentiment, paraphrase, similarity, QA) and evaluate it on dev."""
+    from bertzoo.trainer.config import TrainConfig
+    from bertzoo.trainer.evaluate import format_metrics
+    from bertzoo.trainer.train import train as run_training
+
+    given = {k: v for k, v in options.items() if v is not None}
+    given["tasks"] = _parse_tasks(tasks) if tasks != ",".join(TASK_NAMES) else TASK_NAMES
+    if random_init:
+        given["random_init"] = True
+    if encoder_overrides:
+        given["encoder_overrides"] = _parse_overrides(encoder_overrides)
+    given["eval_every_epoch"] = not no_eval
+    given["progress"] = not no_progress
+    saved = Path(given["out_dir"]) / "train_config.json"
+    if resume and saved.is_file():
+        # The saved config wins; only options given explicitly on this command line change it.
+        ctx = click.get_current_context()
+        explicit = {k: v for k, v in given.items()
+                    if k not in _TRAIN_FIELDS or ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE}
+        config = TrainConfig.from_dict({**json.loads(saved.read_text()), **explicit})
+    else:
+        config = TrainConfig(**given)
+    _, metrics = run_training(config, resume=resume)
+    if metrics:
+        click.echo(format_metrics(metrics))
+
+
+def _load(checkpoint: str):
+    from bertzoo.tokenization import Tokenizer
+    from bertzoo.trainer.checkpoint import TOKENIZER, load_model
+    from bertzoo.trainer.config import TrainConfig
+
+    model, config, directory = load_model(checkpoint)
+    train_config = TrainConfig.from_dict(config["train"])
+    return model, Tokenizer.from_file(directory / TOKENIZER), train_config, directory
+
+
+@main.command("eval")
+@click.argument("checkpoint", type=click.Path(exists=True))
+@click.option("--data", "data_dir", type=click.Path(file_okay=False), default=None,
+              help="Data directory (default: the bundled samples).")
+@click.option("--split", default="dev")
+@click.option("--tasks", default=None, help="Comma-separated subset of the model's tasks.")
+@click.option("--limit", type=int, default=None, help="Evaluate on the first N examples per task.")
+@click.option("--json-out", type=click.Path(dir_okay=False), default=None, help="Also write the metrics as JSON.")
+def eval_command(checkpoint: str, data_dir: str | None, split: str, tasks: str | None, limit: int | None,
+                 json_out: str | None) -> None:
+    """Print each task's official metric for CHECKPOINT (a checkpoint or run directory) on a split."""
+    from bertzoo.trainer.evaluate import evaluate, format_metrics
+    from bertzoo.trainer.train import load_splits
+
+    model, tokenizer, config, directory = _load(checkpoint)
+    config.data_dir = data_dir
+    config.tasks = _parse_tasks(tasks) if tasks else config.tasks
+    metrics = evaluate(model, load_splits(config, split, limit), tokenizer, config.limits)
+    click.echo(f"{directory} on {split}:")
+    click.echo(format_metrics(metrics))
+    if json_out:
+        Path(json_out).write_text(json.dumps(metrics, indent=2))
+
+
+@main.command()
+@click.argument("checkpoint", type=click.Path(exists=True))
+@click.option("--task", type=click.Choice(TASK_NAMES), required=True)
+@click.argument("texts", nargs=-1, required=True)
+def predict(checkpoint: str, task: str, texts: tuple[str, ...]) -> None:
+    """Answer from CHECKPOINT. sentiment: TEXT...; paraphrase/similarity: TEXT_A TEXT_B; qa: QUESTION CONTEXT."""
+    from bertzoo import tasks as T
+    from bertzoo.data import PairExample, QAExample, SentenceExample
+    from bertzoo.trainer.evaluate import predict_outputs
+
+    model, tokenizer, config, _ = _load(checkpoint)
+    if task == "sentiment":
+        examples = [SentenceExample(str(i), t, None) for i, t in enumerate(texts)]
+    elif len(texts) != 2:
+        raise click.UsageError(f"--task {task} takes exactly two texts, got {len(texts)}")
+    elif task == "qa":
+        examples = [QAExample("0", texts[0], texts[1], (), (), False)]
+    else:
+        examples = [PairExample("0", texts[0], texts[1], None)]
+    outputs = predict_outputs(model, task, examples, tokenizer, config.limits)
+    if task == "sentiment":
+        spec = T.task_spec("sentiment", config.sentiment_dataset)
+        result = [r.__dict__ for r in T.postprocess_sentiment(outputs, spec)]
+    elif task == "paraphrase":
+        result = {"probability": float(T.postprocess_paraphrase(outputs)[0])}
+    elif task == "similarity":
+        result = {"score": float(T.postprocess_similarity(outputs)[0])}
+    else:
+        result = outputs[0].__dict__
+    click.echo(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""The four tasks, each defined once: labels, official metric, pre-processing (text -> token ids) and
+post-processing (head outputs -> answers). Torch-free (numpy), so evaluation and serving call the same functions and a
+model scores the same in ``bertzoo eval`` as through the server.
+
+Head outputs, per task (what a backend hands to ``postprocess``):
+- sentiment: logits [n, num_labels]
+- paraphrase: one logit per pair [n] (probability of "duplicate" = sigmoid)
+- similarity: a score per pair [n], already in [0, 5] by construction of the head (clipped again here for safety)
+- qa: start and end logits per window, decoded into a text span of the original context
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .data import PairExample, QAExample, SentenceExample
+from .qa import SpanPrediction, decode_span, squad_metrics
+from .tokenization import Encoding, QAWindow, Tokenizer
+
+TASK_NAMES = ("sentiment", "paraphrase", "similarity", "qa")
+
+SENTIMENT_LABELS = {
+    "sst5": ("very negative", "negative", "neutral", "positive", "very positive"),
+    "cfimdb": ("negative", "positive"),
+    "sst2": ("negative", "positive"),
+}
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    description: str
+    primary_metric: str  # what "best checkpoint" and the benchmark table use
+    labels: tuple[str, ...] = field(default=())
+
+
+def task_spec(name: str, sentiment_dataset: str = "sst5") -> TaskSpec:
+    if name == "sentiment":
+        if sentiment_dataset not in SENTIMENT_LABELS:
+            raise ValueError(f"sentiment dataset must be one of {sorted(SENTIMENT_LABELS)}, got {sentiment_dataset!r}")
+        return TaskSpec(name, f"sentence sentiment ({sentiment_dataset})", "accuracy", SENTIMENT_LABELS[sentiment_dataset])
+    if name == "paraphrase":
+        return TaskSpec(name, "question-pair paraphrase (Quora)", "accuracy", ("not_duplicate", "duplicate"))
+    if name == "similarity":
+        return TaskSpec(name, "semantic textual similarity, 0-5 (STS-B)", "pearson")
+    if name == "qa":
+        return TaskSpec(name, "extractive QA with no-answer (SQuAD v1.1/v2.0)", "f1")
+    raise ValueError(f"unknown task {name!r}; tasks are {TASK_NAMES}")
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def accuracy(predicted: Sequence[int], gold: Sequence[int]) -> float:
+    predicted, gold = np.asarray(predicted), np.asarray(gold)
+    return float((predicted == gold).mean()) if len(gold) else float("nan")
+
+
+def binary_f1(predicted: Sequence[int], gold: Sequence[int]) -> float:
+    predicted, gold = np.asarray(predicted).astype(bool), np.asarray(gold).astype(bool)
+    tp = float((predicted & gold).sum())
+    denominator = float(predicted.sum() + gold.sum())
+    return 2 * tp / denominator if denominator else 0.0
+
+
+def pearson(predicted: Sequence[float], gold: Sequence[float]) -> float:
+    x, y = np.asarray(predicted, dtype=np.float64), np.asarray(gold, dtype=np.float64)
+    if len(x) < 2 or x.std() == 0 or y.std() == 0:
+        return float("nan")  # undefined, and reported as such rather than as 0
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+# ---------------------------------------------------------------- pre-processing
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Token limits shared by training, evaluation and serving."""
+
+    max_seq_length: int = 128  # one sentence, [CLS] and [SEP] included
+    qa_max_length: int = 384  # one QA window: [CLS] question [SEP] context chunk [SEP]
+    qa_doc_stride: int = 128  # overlap between consecutive QA windows, in tokens
+    qa_max_question_tokens: int = 64
+    qa_max_answer_tokens: int = 30
+
+
+def encode_sentences(tokenizer: Tokenizer, texts: Sequence[str], limits: Limits) -> list[Encoding]:
+    return tokenizer.encode_sentences(texts, limits.max_seq_length)
+
+
+def encode_pairs_separately(
+    tokenizer: Tokenizer, a: Sequence[str], b: Sequence[str], limits: Limits
+) -> tuple[list[Encoding], list[Encoding]]:
+    """Paraphrase and similarity encode each sentence on its own (as the seed papers do), so one encoder batch can
+    mix sentences from every task; the heads combine the two sentence representations."""
+    return encode_sentences(tokenizer, a, limits), encode_sentences(tokenizer, b, limits)
+
+
+def encode_qa(
+    tokenizer: Tokenizer, question: str, context: str, limits: Limits, answer_start: int | None = None,
+    answer_text: str | None = None,
+) -> list[QAWindow]:
+    return tokenizer.encode_qa(
+        question, context, limits.qa_max_length, limits.qa_doc_stride, limits.qa_max_question_tokens,
+        answer_start=answer_start, answer_text=answer_text,
+    )
+
+
+# ---------------------------------------------------------------- post-processing
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    z = np.asarray(logits, dtype=np.float64)
+    z = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    return np.where(x >= 0, 1 / (1 + np.exp(-np.abs(x))), np.exp(-np.abs(x)) / (1 + np.exp(-np.abs(x))))
+
+
+@dataclass(frozen=True)
+class SentimentResult:
+    label: int
+    label_name: str
+    probabilities: tuple[float, ...]
+
+
+def postprocess_sentiment(logits: np.ndarray, spec: TaskSpec) -> list[SentimentResult]:
+    probs = softmax(logits)
+    return [SentimentResult(int(p.argmax()), spec.labels[int(p.argmax())], tuple(map(float, p))) for p in probs]
+
+
+def postprocess_paraphrase(logits: np.ndarray) -> np.ndarray:
+    """Probability that each pair is a paraphrase; the predicted label is probability >= 0.5."""
+    return sigmoid(np.asarray(logits).reshape(-1))
+
+
+def postprocess_similarity(scores: np.ndarray) -> np.ndarray:
+    return np.clip(np.asarray(scores, dtype=np.float64).reshape(-1), 0.0, 5.0)
+
+
+def postprocess_qa(
+    context: str, windows: Sequence[QAWindow], start_logits: Sequence[np.ndarray], end_logits: Sequence[np.ndarray],
+    limits: Limits, allow_impossible: bool = True, null_threshold: float = 0.0,
+) -> SpanPrediction:
+    return decode_span(
+        context, windows, start_logits, end_logits, max_answer_tokens=limits.qa_max_answer_tokens,
+        null_threshold=null_threshold, allow_impossible=allow_impossible,
+    )
+
+
+# ---------------------------------------------------------------- scoring a split
+
+
+def score_sentiment(predicted: Sequence[int], examples: Sequence[SentenceExample]) -> dict[str, float]:
+    return {"accuracy": accuracy(predicted, [e.label for e in examples]), "n": float(len(examples))}
+
+
+def score_paraphrase(probabilities: Sequence[float], examples: Sequence[PairExample]) -> dict[str, float]:
+    predicted = (np.asarray(probabilities) >= 0.5).astype(int)
+    gold = np.asarray([e.label for e in examples]).astype(int)
+    return {"accuracy": accuracy(predicted, gold), "f1": binary_f1(predicted, gold), "n": float(len(examples))}
+
+
+def score_similarity(scores: Sequence[float], examples: Sequence[PairExample]) -> dict[str, float]:
+    return {"pearson": pearson(scores, [e.label for e in examples]), "n": float(len(examples))}
+
+
+def score_qa(answers: dict[str, str], examples: Sequence[QAExample]) -> dict[str, float]:
+    """Official SQuAD EM/F1 (percent), plus the always-no-answer baseline on the same questions for context."""
+    metrics = squad_metrics(answers, examples)
+    metrics["no_answer_baseline_f1"] = 100.0 * float(np.mean([e.is_impossible for e in examples])) if examples else 0.0
+    return metrics

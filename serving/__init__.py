@@ -1,0 +1,1 @@
+"""Serving (issue 4): the gRPC server, dynamic batcher, backends and metrics. Not built yet."""

@@ -1,0 +1,147 @@
+"""Checkpoints: written atomically as safetensors + JSON (never pickle), read back for resume, eval and export.
+
+Layout of a training run's output directory::
+
+    OUT/
+      train_log.jsonl             one JSON object per logged step and per evaluation
+      checkpoint-000120/          one directory per saved step
+        config.json               {"model": ModelConfig, "train": TrainConfig, "step", "bertzoo_version"}
+        model.safetensors         model weights
+        tokenizer.json            the tokenizer, so the checkpoint stands alone
+        metrics.json              dev metrics at this step (if evaluated)
+        trainer_state.safetensors optimizer moments and the torch RNG state (for --resume)
+        trainer_state.json        optimizer hyper-parameters, step, epoch
+      LATEST, BEST                the name of the newest / best checkpoint directory
+
+A checkpoint directory is written under a temporary name and renamed into place, and the pointer files are replaced
+with os.replace, so an interrupted run never leaves a half-written checkpoint behind a pointer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+import bertzoo
+
+from .heads import ModelConfig, MultitaskModel
+
+CONFIG, WEIGHTS, TOKENIZER, METRICS = "config.json", "model.safetensors", "tokenizer.json", "metrics.json"
+STATE_TENSORS, STATE_JSON = "trainer_state.safetensors", "trainer_state.json"
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _optimizer_to_files(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    state = optimizer.state_dict()
+    tensors = {}
+    for index, param_state in state["state"].items():
+        for name, value in param_state.items():
+            tensors[f"optimizer.{index}.{name}"] = value.detach().cpu().contiguous()
+    return tensors, {"param_groups": state["param_groups"]}
+
+
+def _optimizer_from_files(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        if key.startswith("optimizer."):
+            _, index, name = key.split(".", 2)
+            state.setdefault(int(index), {})[name] = value
+    return {"state": state, "param_groups": meta["param_groups"]}
+
+
+def save_checkpoint(
+    out_dir: Path,
+    step: int,
+    model: MultitaskModel,
+    train_config: dict,
+    tokenizer_json: str,
+    metrics: dict | None,
+    optimizer: torch.optim.Optimizer | None,
+    trainer_state: dict,
+    keep: int = 2,
+    is_best: bool = False,
+) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = f"checkpoint-{step:06d}"
+    final = out_dir / name
+    tmp = Path(tempfile.mkdtemp(dir=out_dir, prefix=f".{name}."))
+    config = {"model": model.config.to_dict(), "train": train_config, "step": step, "bertzoo_version": bertzoo.__version__}
+    (tmp / CONFIG).write_text(json.dumps(config, indent=2), encoding="utf-8")
+    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(tmp / WEIGHTS))
+    (tmp / TOKENIZER).write_text(tokenizer_json, encoding="utf-8")
+    (tmp / METRICS).write_text(json.dumps(metrics or {}, indent=2), encoding="utf-8")
+    tensors = {"rng.torch": torch.get_rng_state()}
+    meta = dict(trainer_state)
+    if optimizer is not None:
+        opt_tensors, opt_meta = _optimizer_to_files(optimizer)
+        tensors.update(opt_tensors)
+        meta["optimizer"] = opt_meta
+    save_file(tensors, str(tmp / STATE_TENSORS))
+    (tmp / STATE_JSON).write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    for f in tmp.iterdir():
+        with open(f, "rb") as handle:
+            os.fsync(handle.fileno())
+    if final.exists():  # re-saving the same step (e.g. after a resume): replace it whole
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    atomic_write_text(out_dir / "LATEST", name)
+    if is_best:
+        atomic_write_text(out_dir / "BEST", name)
+    _prune(out_dir, keep)
+    return final
+
+
+def _prune(out_dir: Path, keep: int) -> None:
+    protected = {(out_dir / p).read_text().strip() for p in ("LATEST", "BEST") if (out_dir / p).exists()}
+    checkpoints = sorted(p.name for p in out_dir.glob("checkpoint-*") if p.is_dir())
+    for name in checkpoints[:-keep] if keep > 0 else []:
+        if name not in protected:
+            shutil.rmtree(out_dir / name, ignore_errors=True)
+    for stale in out_dir.glob(".checkpoint-*"):  # temporary directories of an interrupted save
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def resolve_checkpoint(path: str | Path, prefer: str = "BEST") -> Path:
+    """A checkpoint directory, or a run directory (then its BEST, else LATEST, checkpoint)."""
+    path = Path(path)
+    if (path / WEIGHTS).is_file() and (path / CONFIG).is_file():
+        return path
+    for pointer in (prefer, "LATEST"):
+        if (path / pointer).is_file():
+            target = path / (path / pointer).read_text().strip()
+            if (target / WEIGHTS).is_file():
+                return target
+    raise FileNotFoundError(f"{path} is neither a checkpoint directory (with {WEIGHTS} and {CONFIG}) nor a run "
+                            "directory with a LATEST or BEST checkpoint")
+
+
+def load_model(path: str | Path) -> tuple[MultitaskModel, dict, Path]:
+    """The model of a checkpoint (or a run's best checkpoint), in eval mode, with its saved config."""
+    directory = resolve_checkpoint(path)
+    config = json.loads((directory / CONFIG).read_text(encoding="utf-8"))
+    model = MultitaskModel(ModelConfig.from_dict(config["model"]))
+    model.load_state_dict(load_file(str(directory / WEIGHTS)), strict=True)
+    model.eval()
+    return model, config, directory
+
+
+def load_trainer_state(directory: Path) -> tuple[dict, dict | None, torch.Tensor]:
+    """(trainer state JSON, optimizer state_dict or None, torch RNG state) of a checkpoint, for --resume."""
+    meta = json.loads((directory / STATE_JSON).read_text(encoding="utf-8"))
+    tensors = load_file(str(directory / STATE_TENSORS))
+    optimizer = _optimizer_from_files(tensors, meta["optimizer"]) if "optimizer" in meta else None
+    return meta, optimizer, tensors["rng.torch"]

@@ -1,0 +1,248 @@
+"""The multitask training loop: one task per step, AdamW with warmup and linear decay, per-epoch dev evaluation,
+atomic checkpoints, resume, and torchrun/DDP when launched with several processes.
+
+    bertzoo train --data DIR --out runs/x                       # one process
+    torchrun --nproc_per_node 2 -m bertzoo.cli train ...      # DDP: gloo on CPU, nccl on GPUs
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from bertzoo.backbone import resolve_backbone
+from bertzoo.datafiles import load_split, samples_dir
+from bertzoo.tasks import task_spec
+from bertzoo.tokenization import Tokenizer
+
+from . import checkpoint as ckpt
+from .batches import TaskStream, build_features, collate, steps_per_epoch, task_for_step
+from .config import TrainConfig
+from .evaluate import evaluate
+from .heads import ModelConfig, MultitaskModel
+from .model import EncoderConfig
+
+log = logging.getLogger("bertzoo.train")
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_distributed() -> Dist:
+    """torchrun sets WORLD_SIZE/RANK/LOCAL_RANK; a plain launch is one process."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1:
+        return Dist(device=torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = torch.cuda.is_available()
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    device = torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    return Dist(dist.get_rank(), world_size, device)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_model(config: TrainConfig) -> tuple[MultitaskModel, Tokenizer]:
+    backbone = resolve_backbone(config.backbone, random_init=config.random_init)
+    encoder_config = EncoderConfig.from_dict(backbone.config(), **config.encoder_overrides)
+    num_labels = len(task_spec("sentiment", config.sentiment_dataset).labels)
+    model = MultitaskModel(ModelConfig(encoder_config, config.tasks, num_labels, config.pooling,
+                                       config.similarity_head))
+    if backbone.weights_path is not None:
+        model.encoder.load_pretrained(backbone.weights_path)
+    return model, Tokenizer.from_file(backbone.tokenizer_path)
+
+
+def load_splits(config: TrainConfig, split: str, limit: int | None) -> dict[str, list]:
+    data_dir = Path(config.data_dir) if config.data_dir else samples_dir()
+    splits = {}
+    for task in config.tasks:
+        skipped: list[str] = []
+        examples = load_split(data_dir, task, split, config.sentiment_dataset, skipped=skipped)
+        if skipped:
+            log.warning("%s/%s: skipped %d malformed rows (first: %s)", task, split, len(skipped), skipped[0])
+        splits[task] = examples[:limit] if limit else examples
+    return splits
+
+
+def task_loss(task: str, outputs, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    if task == "sentiment":
+        return F.cross_entropy(outputs.float(), batch["labels"])
+    if task == "paraphrase":
+        return F.binary_cross_entropy_with_logits(outputs.float(), batch["labels"])
+    if task == "similarity":
+        # Scores and targets divided by 5 so this loss is on the same scale as the others.
+        return F.mse_loss(outputs.float() / 5.0, batch["labels"] / 5.0)
+    start, end = outputs
+    return (F.cross_entropy(start, batch["start_positions"]) + F.cross_entropy(end, batch["end_positions"])) / 2
+
+
+def make_optimizer(model: MultitaskModel, config: TrainConfig) -> torch.optim.AdamW:
+    groups: dict[tuple[float, float], list] = {}
+    for name, param in model.named_parameters():
+        lr = config.head_lr if name.startswith("heads.") else config.lr
+        # No weight decay on biases and LayerNorm weights (standard BERT fine-tuning practice).
+        decay = 0.0 if param.ndim < 2 else config.weight_decay
+        groups.setdefault((lr, decay), []).append(param)
+    return torch.optim.AdamW(
+        [{"params": p, "lr": lr, "base_lr": lr, "weight_decay": wd} for (lr, wd), p in groups.items()]
+    )
+
+
+def lr_factor(step: int, total: int, warmup_ratio: float) -> float:
+    warmup = max(1, int(total * warmup_ratio))
+    if step < warmup:
+        return (step + 1) / warmup
+    return max(0.0, (total - step) / max(1, total - warmup))
+
+
+def autocast_context(config: TrainConfig, device: torch.device):
+    use_bf16 = config.precision == "bf16" or (
+        config.precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
+    )
+    return torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+
+
+def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, dict]:
+    """Train; returns the (unwrapped) model and the last dev metrics."""
+    env = setup_distributed()
+    seed_everything(config.seed)
+    out_dir = Path(config.out_dir)
+    if env.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        log.info("effective config:\n%s", config.to_json())
+        ckpt.atomic_write_text(out_dir / "train_config.json", config.to_json())
+
+    model, tokenizer = build_model(config)
+    limits = config.limits
+    train_splits = load_splits(config, "train", config.limit_per_task)
+    dev_splits = load_splits(config, "dev", config.eval_limit_per_task) if config.eval_every_epoch else {}
+    streams = {
+        task: TaskStream(task, build_features(task, examples, tokenizer, limits), config.batch_size, config.seed,
+                         env.rank, env.world_size)
+        for task, examples in train_splits.items()
+    }
+    tasks = list(streams)
+    sizes = [len(streams[t].features) for t in tasks]
+    epoch_steps = steps_per_epoch(sizes, config.batch_size, env.world_size)
+    total_steps = config.max_steps or max(1, round(config.epochs * epoch_steps))
+    if env.is_main:
+        log.info("training items per task: %s; %d steps per epoch; %d steps in all",
+                 dict(zip(tasks, sizes, strict=True)), epoch_steps, total_steps)
+
+    model.to(env.device)
+    optimizer = make_optimizer(model, config)
+    start_step, best, metrics = 0, float("-inf"), {}
+    if resume and (out_dir / "LATEST").exists():
+        directory = ckpt.resolve_checkpoint(out_dir, prefer="LATEST")
+        resumed, _, _ = ckpt.load_model(directory)
+        model.load_state_dict(resumed.state_dict())
+        meta, opt_state, rng = ckpt.load_trainer_state(directory)
+        if opt_state is not None:
+            optimizer.load_state_dict(opt_state)
+        torch.set_rng_state(rng)
+        for task, state in meta["streams"].items():
+            streams[task].load_state_dict(state)
+        start_step, best = meta["step"], meta.get("best", best)
+        metrics = json.loads((directory / ckpt.METRICS).read_text())
+        if env.is_main:
+            log.info("resumed from %s at step %d", directory, start_step)
+
+    ddp_model = model
+    if env.world_size > 1:
+        # Each step trains one task, so the other heads get no gradient: DDP must be told.
+        ddp_model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
+            find_unused_parameters=True,
+        )
+    model.train()
+    log_file = open(out_dir / "train_log.jsonl", "a", encoding="utf-8") if env.is_main else None
+    bar = tqdm(total=total_steps, initial=start_step, disable=not (config.progress and env.is_main),
+               desc="train", dynamic_ncols=True)
+    window_losses: dict[str, list[float]] = {t: [] for t in tasks}
+    started = time.perf_counter()
+    try:
+        for step in range(start_step, total_steps):
+            task = task_for_step(step, tasks, sizes, config.sampling, total_steps, config.seed,
+                                 config.anneal_min_alpha)
+            batch = {k: v.to(env.device) for k, v in collate(task, streams[task].next_features(),
+                                                                tokenizer.pad_id).items()}
+            for group in optimizer.param_groups:
+                group["lr"] = group["base_lr"] * lr_factor(step, total_steps, config.warmup_ratio)
+            with autocast_context(config, env.device):
+                outputs = ddp_model(task, batch)
+            loss = task_loss(task, outputs, batch)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            window_losses[task].append(loss.item())
+            bar.update(1)
+            bar.set_postfix(task=task, loss=f"{loss.item():.3f}")
+            done = step + 1
+            if log_file and (done % config.log_every == 0 or done == total_steps):
+                record = {"step": done, "lr": optimizer.param_groups[0]["lr"], "grad_norm": float(grad_norm),
+                          "elapsed_s": round(time.perf_counter() - started, 2),
+                          "loss": {t: float(np.mean(v)) for t, v in window_losses.items() if v}}
+                log_file.write(json.dumps(record) + "\n")
+                log_file.flush()
+                window_losses = {t: [] for t in tasks}
+            if done % epoch_steps == 0 or done == total_steps:
+                metrics, best = _end_of_epoch(config, env, model, optimizer, tokenizer, dev_splits, streams, done,
+                                              best, log_file)
+    finally:
+        bar.close()
+        if log_file:
+            log_file.close()
+    return model, metrics
+
+
+def _end_of_epoch(config, env, model, optimizer, tokenizer, dev_splits, streams, step, best, log_file):
+    metrics: dict = {}
+    is_best = False
+    if env.is_main:
+        if dev_splits:
+            metrics = evaluate(model, dev_splits, tokenizer, config.limits)
+            log.info("dev metrics at step %d: %s", step, json.dumps(metrics))
+            # "best" = the mean of each task's primary metric (QA F1 rescaled from percent to [0, 1]).
+            primaries = [metrics[t][task_spec(t, config.sentiment_dataset).primary_metric] / (100 if t == "qa" else 1)
+                         for t in metrics]
+            score = float(np.nanmean(primaries))
+            is_best = score > best
+            best = max(best, score)
+            log_file.write(json.dumps({"step": step, "dev": metrics, "dev_score": score}) + "\n")
+            log_file.flush()
+        state = {"step": step, "best": best, "streams": {t: s.state_dict() for t, s in streams.items()}}
+        path = ckpt.save_checkpoint(Path(config.out_dir), step, model, config.to_dict(), tokenizer.to_str(), metrics,
+                                    optimizer, state, keep=config.keep_checkpoints, is_best=is_best or not dev_splits)
+        log.info("saved %s%s", path, " (best so far)" if is_best else "")
+    if env.world_size > 1:
+        dist.barrier()  # the other ranks wait while rank 0 evaluates and saves
+    return metrics, best
