@@ -45,20 +45,11 @@ def main(verbose: bool) -> None:
     _setup_logging(verbose)
 
 
-# click option name -> TrainConfig field (same name with dashes); None defaults mean "keep the config's default".
-_TRAIN_FIELDS = (
-    "data_dir", "out_dir", "sentiment_dataset", "limit_per_task", "eval_limit_per_task", "backbone", "pooling",
-    "similarity_head", "max_seq_length", "qa_max_length", "qa_doc_stride", "epochs", "max_steps", "batch_size", "lr",
-    "head_lr", "weight_decay", "warmup_ratio", "grad_clip", "sampling", "precision", "seed", "log_every",
-    "keep_checkpoints",
-)
-
-
 @main.command()
 @click.option("--data", "data_dir", type=click.Path(file_okay=False), default=None,
               help="Data directory in the standard layout (see README). Default: the small bundled samples.")
 @click.option("--out", "out_dir", default="runs/default", help="Run directory: checkpoints, logs, metrics.")
-@click.option("--tasks", default=",".join(TASK_NAMES), help="Comma-separated tasks to train.")
+@click.option("--tasks", default=None, help=f"Comma-separated tasks to train [default: {','.join(TASK_NAMES)}].")
 @click.option("--sentiment-dataset", type=click.Choice(["sst5", "cfimdb", "sst2"]), default=None)
 @click.option("--backbone", default=None, help="'default' (all-MiniLM-L6-v2) or a HuggingFace BERT directory.")
 @click.option("--random-init", is_flag=True, default=None, help="Build the encoder from the backbone config only.")
@@ -87,7 +78,7 @@ _TRAIN_FIELDS = (
 @click.option("--no-eval", is_flag=True, help="Skip the per-epoch dev evaluation.")
 @click.option("--no-progress", is_flag=True, help="No progress bar (logs only).")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its last checkpoint and saved config.")
-def train(tasks: str, encoder_overrides: tuple[str, ...], random_init: bool | None, no_eval: bool, no_progress: bool,
+def train(tasks: str | None, encoder_overrides: tuple[str, ...], random_init: bool | None, no_eval: bool, no_progress: bool,
           resume: bool, **options) -> None:
     """Fine-tune one multitask model (sentiment, paraphrase, similarity, QA) and evaluate it on dev."""
     from bertzoo.trainer.config import TrainConfig
@@ -95,7 +86,8 @@ def train(tasks: str, encoder_overrides: tuple[str, ...], random_init: bool | No
     from bertzoo.trainer.train import train as run_training
 
     given = {k: v for k, v in options.items() if v is not None}
-    given["tasks"] = _parse_tasks(tasks) if tasks != ",".join(TASK_NAMES) else TASK_NAMES
+    if tasks:
+        given["tasks"] = _parse_tasks(tasks)
     if random_init:
         given["random_init"] = True
     if encoder_overrides:
@@ -106,8 +98,9 @@ def train(tasks: str, encoder_overrides: tuple[str, ...], random_init: bool | No
     if resume and saved.is_file():
         # The saved config wins; only options given explicitly on this command line change it.
         ctx = click.get_current_context()
+        param_of = {"eval_every_epoch": "no_eval", "progress": "no_progress"}
         explicit = {k: v for k, v in given.items()
-                    if k not in _TRAIN_FIELDS or ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE}
+                    if ctx.get_parameter_source(param_of.get(k, k)) == click.core.ParameterSource.COMMANDLINE}
         config = TrainConfig.from_dict({**json.loads(saved.read_text()), **explicit})
     else:
         config = TrainConfig(**given)

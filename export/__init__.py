@@ -1,1 +1,1 @@
-"""Export (issue 3): ONNX graphs with the SparsegenLin op, ONNX Runtime optimization/quantization, TensorRT; not built yet."""
+"""Export (issue 3, not built yet): ONNX with the SparsegenLin op, ONNX Runtime optimization, TensorRT."""

@@ -1,0 +1,48 @@
+"""Task heads: pooling without padding, bounded similarity, QA masking, and the multitask forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bertzoo.trainer.heads import ModelConfig, MultitaskModel, pool
+from bertzoo.trainer.model import EncoderConfig
+from conftest import TINY_ENCODER
+
+
+def test_mean_pool_ignores_padding():
+    states = torch.tensor([[[1.0, 1.0], [3.0, 3.0], [100.0, 100.0]]])
+    mask = torch.tensor([[1, 1, 0]])
+    assert torch.equal(pool(states, mask, "mean"), torch.tensor([[2.0, 2.0]]))
+    assert torch.equal(pool(states, mask, "cls"), torch.tensor([[1.0, 1.0]]))
+
+
+@pytest.mark.parametrize("similarity_head", ["cosine", "concat"])
+def test_multitask_forward_shapes_and_ranges(similarity_head):
+    torch.manual_seed(0)
+    model = MultitaskModel(ModelConfig(EncoderConfig(**TINY_ENCODER), sentiment_num_labels=5,
+                                       similarity_head=similarity_head)).eval()
+    ids = torch.randint(1000, 2000, (6, 9))
+    mask = torch.ones(6, 9, dtype=torch.long)
+    mask[2, 4:] = 0
+    batch = {"input_ids": ids, "attention_mask": mask}
+    assert model("sentiment", batch).shape == (6, 5)
+    assert model("paraphrase", batch).shape == (3,)
+    scores = model("similarity", batch)
+    assert scores.shape == (3,) and (scores >= 0).all() and (scores <= 5).all()
+    start, end = model("qa", batch)
+    assert start.shape == end.shape == (6, 9)
+    assert (start[2, 4:] < -1e30).all(), "padding can never be an answer position"
+
+
+def test_unknown_task_names_the_heads():
+    model = MultitaskModel(ModelConfig(EncoderConfig(**TINY_ENCODER), tasks=("sentiment",)))
+    with pytest.raises(ValueError, match="no 'qa' head"):
+        model("qa", {"input_ids": torch.ones(1, 3, dtype=torch.long), "attention_mask": torch.ones(1, 3)})
+
+
+def test_model_config_round_trips():
+    config = ModelConfig(EncoderConfig(**TINY_ENCODER, attention="sparsegen_lin", sparsegen_lambda=-3.0),
+                         pooling="cls")
+    again = ModelConfig.from_dict(config.to_dict())
+    assert again == config

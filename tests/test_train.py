@@ -1,0 +1,110 @@
+"""Training end to end on tiny random encoders: checkpoints, resume, the CLI's train/eval/predict."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+from bertzoo.cli import main
+from bertzoo.trainer import train as train_module
+from bertzoo.trainer.checkpoint import load_model, resolve_checkpoint
+from conftest import TINY_ENCODER
+
+
+def test_train_writes_atomic_checkpoints_and_log(tiny_train_config):
+    config = tiny_train_config(keep_checkpoints=1)
+    model, metrics = train_module.train(config)
+    run = resolve_checkpoint(config.out_dir)
+    assert {p.name for p in run.iterdir()} == {"config.json", "model.safetensors", "tokenizer.json", "metrics.json",
+                                              "trainer_state.safetensors", "trainer_state.json"}
+    checkpoints = sorted(p.name for p in run.parent.glob("checkpoint-*"))
+    assert len(checkpoints) <= 2 and (run.parent / "LATEST").read_text() == checkpoints[-1]
+    assert not list(run.parent.glob(".checkpoint-*")), "no temporary directory may be left behind"
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["train"]["encoder_overrides"] == TINY_ENCODER and saved["model"]["encoder"]["hidden_size"] == 32
+    assert set(metrics) == {"sentiment", "paraphrase", "similarity", "qa"}
+    assert set(json.loads((run / "metrics.json").read_text())) == set(metrics)
+    records = [json.loads(line) for line in (run.parent / "train_log.jsonl").read_text().splitlines()]
+    assert any("dev" in r for r in records) and all("step" in r for r in records)
+    reloaded, _, _ = load_model(config.out_dir)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, reloaded.state_dict()[name]), name
+
+
+def test_resume_after_interruption_gives_the_same_weights(tiny_train_config, tmp_path, monkeypatch):
+    uninterrupted = tiny_train_config(out_dir=str(tmp_path / "a"), eval_every_epoch=False)
+    expected, _ = train_module.train(uninterrupted)
+
+    interrupted = tiny_train_config(out_dir=str(tmp_path / "b"), eval_every_epoch=False)
+    real_loss, calls = train_module.task_loss, {"n": 0}
+
+    def crash_late(*args):
+        calls["n"] += 1
+        if calls["n"] == 40:  # after the first epoch's checkpoint, before the end
+            raise KeyboardInterrupt
+        return real_loss(*args)
+
+    monkeypatch.setattr(train_module, "task_loss", crash_late)
+    with pytest.raises(KeyboardInterrupt):
+        train_module.train(interrupted)
+    monkeypatch.setattr(train_module, "task_loss", real_loss)
+    assert (tmp_path / "b" / "LATEST").exists()
+    resumed, _ = train_module.train(interrupted, resume=True)
+    for name, tensor in expected.state_dict().items():
+        assert torch.equal(tensor, resumed.state_dict()[name]), f"{name} differs after resume"
+
+
+def test_cli_train_eval_predict_all_tasks(tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "cli-run"
+    encoder = [f"--encoder={k}={v}" for k, v in TINY_ENCODER.items()]
+    result = runner.invoke(main, ["train", "--out", str(out), "--random-init", *encoder, "--limit-per-task", "8",
+                                  "--eval-limit-per-task", "6", "--max-steps", "6", "--batch-size", "4",
+                                  "--qa-max-length", "96", "--qa-doc-stride", "32", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "pearson" in result.output and "HasAns_f1" in result.output
+    result = runner.invoke(main, ["eval", str(out), "--limit", "5", "--json-out", str(tmp_path / "m.json")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "m.json").read_text())["sentiment"]["n"] == 5
+
+    def predict(task, *texts):
+        r = runner.invoke(main, ["predict", str(out), "--task", task, *texts])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.output)
+
+    sentiment = predict("sentiment", "a gorgeous, witty film", "dull and lifeless")
+    assert len(sentiment) == 2 and abs(sum(sentiment[0]["probabilities"]) - 1) < 1e-6
+    assert sentiment[0]["label_name"] in ("very negative", "negative", "neutral", "positive", "very positive")
+    assert 0 <= predict("paraphrase", "How do I learn?", "How can I learn?")["probability"] <= 1
+    assert 0 <= predict("similarity", "A man plays guitar.", "A person plays music.")["score"] <= 5
+    context = "The Eiffel Tower is in Paris. It was finished in 1889."
+    qa = predict("qa", "When was it finished?", context)
+    assert qa["text"] == (context[qa["start_char"]:qa["end_char"]] if qa["start_char"] >= 0 else "")
+    bad = runner.invoke(main, ["predict", str(out), "--task", "paraphrase", "only one"])
+    assert bad.exit_code != 0 and "exactly two texts" in bad.output
+
+
+def test_cli_resume_keeps_saved_config_but_takes_explicit_options(tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "r"
+    encoder = [f"--encoder={k}={v}" for k, v in TINY_ENCODER.items()]
+    common = ["--out", str(out), "--no-progress", "--no-eval"]
+    first = runner.invoke(main, ["train", *common, "--random-init", *encoder, "--tasks", "sentiment",
+                                 "--limit-per-task", "8", "--batch-size", "4", "--max-steps", "2"])
+    assert first.exit_code == 0, first.output
+    second = runner.invoke(main, ["train", *common, "--resume", "--max-steps", "4"])
+    assert second.exit_code == 0, second.output
+    config = json.loads((out / "train_config.json").read_text())
+    assert config["max_steps"] == 4 and config["tasks"] == ["sentiment"] and config["random_init"] is True
+    assert (out / "LATEST").read_text() == "checkpoint-000004"
+    assert load_file(str(out / "checkpoint-000004" / "model.safetensors"))
+
+
+def test_missing_data_file_fails_naming_it(tiny_train_config, tmp_path):
+    config = tiny_train_config(data_dir=str(tmp_path))
+    with pytest.raises(Exception, match="ids-sst-train.csv"):
+        train_module.train(config)
