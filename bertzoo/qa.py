@@ -128,6 +128,37 @@ def squad_metrics(predictions: Mapping[str, str], examples: Sequence[QAExampleLi
     return out
 
 
+def best_null_threshold(
+    span_texts: Mapping[str, str], null_margins: Mapping[str, float], examples: Sequence[QAExampleLike]
+) -> dict[str, float]:
+    """The official SQuAD v2.0 script's ``best_exact``/``best_f1``: the score at the best no-answer threshold.
+
+    ``span_texts`` are forced (non-empty) answers, ``null_margins`` are ``null_score - score`` per question; a
+    question is answered "" when its margin is above the threshold. Sweeping the threshold over the sorted margins
+    finds the best one, as ``find_best_thresh`` in the official evaluation does. The threshold is fitted on the
+    examples it is scored on, so it is an optimistic number: report it next to the fixed-threshold score.
+    """
+    out = {}
+    for name, measure in (("exact", exact_match), ("f1", f1)):
+        gains = []
+        for ex in examples:
+            has_answer = not ex.is_impossible and len(ex.answers) > 0
+            golds = [a for a in ex.answers if normalize_answer(a)] if has_answer else []
+            pred = span_texts.get(ex.id, "")
+            answered = max((measure(pred, g) for g in golds), default=0.0) if has_answer else float(pred == "")
+            gains.append((null_margins.get(ex.id, np.inf), answered - float(not has_answer)))
+        # Everything answered "" scores the no-answer questions; answering question q instead adds gains[q].
+        current = best = float(sum(1 for ex in examples if ex.is_impossible or not ex.answers))
+        threshold = float("-inf")
+        for margin, gain in sorted(gains, key=lambda g: g[0]):
+            current += gain
+            if current > best:
+                best, threshold = current, margin
+        out[f"best_{name}"] = 100.0 * best / len(examples) if examples else 0.0
+        out[f"best_{name}_threshold"] = threshold
+    return out
+
+
 # ---------------------------------------------------------------------------- span decoding
 
 
@@ -234,8 +265,6 @@ def decode_span(
     if best is None:
         raise ValueError("no window contains any context token")
     score, w, i, j = best
-    if allow_impossible and null_score - score > null_threshold:
-        return SpanPrediction("", -1, -1, score, null_score, True)
     start_off, end_off = windows[w].offsets[i], windows[w].offsets[j]
     assert start_off is not None and end_off is not None  # guaranteed by the context mask
     start_char, end_char = start_off[0], end_off[1]
@@ -244,4 +273,12 @@ def decode_span(
             f"window offsets reach character {end_char} but the context has {len(context)}; "
             "were the windows built from a different context?"
         )
-    return SpanPrediction(context[start_char:end_char], start_char, end_char, score, null_score, False)
+    span = SpanPrediction(context[start_char:end_char], start_char, end_char, score, null_score, False)
+    return with_null_threshold(span, null_threshold) if allow_impossible else span
+
+
+def with_null_threshold(span: SpanPrediction, null_threshold: float = 0.0) -> SpanPrediction:
+    """The final answer for a forced span: no-answer when the null score beats the span by more than the threshold."""
+    if span.null_score - span.score > null_threshold:
+        return SpanPrediction("", -1, -1, span.score, span.null_score, True)
+    return span

@@ -5,7 +5,7 @@ model scores the same in ``bertzoo eval`` as through the server.
 Head outputs, per task (what a backend hands to ``postprocess``):
 - sentiment: logits [n, num_labels]
 - paraphrase: one logit per pair [n] (probability of "duplicate" = sigmoid)
-- similarity: a score per pair [n], already in [0, 5] by construction of the head (clipped again here for safety)
+- similarity: a score per pair [n] on the 0-5 scale (a cosine head can go below 0; clipped to [0, 5] here)
 - qa: start and end logits per window, decoded into a text span of the original context
 """
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .data import PairExample, QAExample, SentenceExample
-from .qa import SpanPrediction, decode_span, squad_metrics
+from .qa import SpanPrediction, best_null_threshold, decode_span, squad_metrics, with_null_threshold
 from .tokenization import Encoding, QAWindow, Tokenizer
 
 TASK_NAMES = ("sentiment", "paraphrase", "similarity", "qa")
@@ -172,8 +172,14 @@ def score_similarity(scores: Sequence[float], examples: Sequence[PairExample]) -
     return {"pearson": pearson(scores, [e.label for e in examples]), "n": float(len(examples))}
 
 
-def score_qa(answers: dict[str, str], examples: Sequence[QAExample]) -> dict[str, float]:
-    """Official SQuAD EM/F1 (percent), plus the always-no-answer baseline on the same questions for context."""
-    metrics = squad_metrics(answers, examples)
+def score_qa(spans: dict[str, SpanPrediction], examples: Sequence[QAExample], null_threshold: float = 0.0
+             ) -> dict[str, float]:
+    """Official SQuAD EM/F1 (percent) of forced spans (decoded with ``allow_impossible=False``) at the given
+    no-answer threshold; for SQuAD 2.0 data also the official best-threshold scores, and the always-no-answer
+    baseline on the same questions for context."""
+    metrics = squad_metrics({i: with_null_threshold(s, null_threshold).text for i, s in spans.items()}, examples)
+    if any(e.is_impossible for e in examples):
+        metrics.update(best_null_threshold({i: s.text for i, s in spans.items()},
+                                           {i: s.null_score - s.score for i, s in spans.items()}, examples))
     metrics["no_answer_baseline_f1"] = 100.0 * float(np.mean([e.is_impossible for e in examples])) if examples else 0.0
     return metrics

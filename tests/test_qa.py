@@ -238,3 +238,18 @@ def test_core_modules_do_not_import_torch() -> None:
 
     code = "import sys, bertzoo.qa, bertzoo.tokenization; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_best_null_threshold_matches_a_hand_sweep():
+    from types import SimpleNamespace as NS
+
+    from bertzoo.qa import best_null_threshold
+
+    examples = [NS(id="a", answers=("Paris",), is_impossible=False), NS(id="b", answers=(), is_impossible=True),
+                NS(id="c", answers=("1889",), is_impossible=False), NS(id="d", answers=(), is_impossible=True)]
+    texts = {"a": "Paris", "b": "London", "c": "in 1900", "d": "x"}
+    margins = {"a": -2.0, "b": -1.0, "c": 0.5, "d": 3.0}
+    # Thresholds: all "" -> 2 of 4; answer a -> 3; +b -> 2; +c (F1 0) -> 2; +d -> 1. Best: answer only a.
+    got = best_null_threshold(texts, margins, examples)
+    assert got["best_exact"] == 75.0 and got["best_exact_threshold"] == -2.0
+    assert got["best_f1"] == 75.0 and got["best_f1_threshold"] == -2.0

@@ -50,13 +50,15 @@ def _stack(items: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Te
 
 @torch.no_grad()
 def predict_outputs(model: MultitaskModel, task: str, examples: Sequence, tokenizer: Tokenizer, limits: T.Limits,
-                    batch_size: int = 64, device: torch.device | None = None) -> np.ndarray | list[SpanPrediction]:
-    """Head outputs for sentence and pair tasks (logits / scores, numpy), decoded spans for QA."""
+                    batch_size: int = 64, device: torch.device | None = None, allow_impossible: bool = True
+                    ) -> np.ndarray | list[SpanPrediction]:
+    """Head outputs for sentence and pair tasks (logits / scores, numpy), decoded spans for QA (with
+    ``allow_impossible=False`` the best span even where "no answer" wins, as scoring needs)."""
     device = device or next(model.parameters()).device
     model.eval()
     head = model.heads[task]
     if task == "qa":
-        return _predict_qa(model, examples, tokenizer, limits, batch_size, device)
+        return _predict_qa(model, examples, tokenizer, limits, batch_size, device, allow_impossible)
     if task == "sentiment":
         states = encode_states(model, T.encode_sentences(tokenizer, [e.text for e in examples], limits),
                                tokenizer.pad_id, batch_size, device)
@@ -71,7 +73,7 @@ def predict_outputs(model: MultitaskModel, task: str, examples: Sequence, tokeni
 
 
 def _predict_qa(model: MultitaskModel, examples: Sequence, tokenizer: Tokenizer, limits: T.Limits,
-                batch_size: int, device: torch.device) -> list[SpanPrediction]:
+                batch_size: int, device: torch.device, allow_impossible: bool) -> list[SpanPrediction]:
     windows, owner = [], []
     for i, e in enumerate(examples):
         for w in T.encode_qa(tokenizer, e.question, e.context, limits):
@@ -90,21 +92,22 @@ def _predict_qa(model: MultitaskModel, examples: Sequence, tokenizer: Tokenizer,
     for w, i in enumerate(owner):
         per_example[i].append(w)
     return [
-        T.postprocess_qa(e.context, [windows[w] for w in ws], [starts[w] for w in ws], [ends[w] for w in ws], limits)
+        T.postprocess_qa(e.context, [windows[w] for w in ws], [starts[w] for w in ws], [ends[w] for w in ws], limits,
+                         allow_impossible=allow_impossible)
         for e, ws in zip(examples, per_example, strict=True)
     ]
 
 
 def evaluate_task(model: MultitaskModel, task: str, examples: Sequence, tokenizer: Tokenizer, limits: T.Limits,
                   batch_size: int = 64) -> dict[str, float]:
-    outputs = predict_outputs(model, task, examples, tokenizer, limits, batch_size)
+    outputs = predict_outputs(model, task, examples, tokenizer, limits, batch_size, allow_impossible=False)
     if task == "sentiment":
         return T.score_sentiment(np.asarray(outputs).argmax(-1), examples)
     if task == "paraphrase":
         return T.score_paraphrase(T.postprocess_paraphrase(outputs), examples)
     if task == "similarity":
         return T.score_similarity(T.postprocess_similarity(outputs), examples)
-    return T.score_qa({e.id: p.text for e, p in zip(examples, outputs, strict=True)}, examples)
+    return T.score_qa({e.id: p for e, p in zip(examples, outputs, strict=True)}, examples)
 
 
 def evaluate(model: MultitaskModel, splits: dict[str, Sequence], tokenizer: Tokenizer, limits: T.Limits,

@@ -79,7 +79,8 @@ class ParaphraseHead(nn.Module):
 
 
 class SimilarityHead(nn.Module):
-    """A score in [0, 5]: 2.5 * (cos(u, v) + 1), or 5 * sigmoid(linear([u; v; |u - v|]))."""
+    """A 0-5 score: 5 * cos(u, v) (Sentence-BERT's cosine objective; negative values are clipped to 0 in
+    post-processing, not here, so they still get a gradient), or 5 * sigmoid(linear([u; v; |u - v|]))."""
 
     def __init__(self, hidden: int, pooling: str, kind: str, dropout: float) -> None:
         super().__init__()
@@ -91,7 +92,7 @@ class SimilarityHead(nn.Module):
     def forward(self, states_a: Tensor, mask_a: Tensor, states_b: Tensor, mask_b: Tensor) -> Tensor:
         u, v = pool(states_a, mask_a, self.pooling), pool(states_b, mask_b, self.pooling)
         if self.regressor is None:
-            return 2.5 * (F.cosine_similarity(u, v, dim=-1) + 1.0)
+            return 5.0 * F.cosine_similarity(u, v, dim=-1)
         features = self.dropout(torch.cat([u, v, (u - v).abs()], dim=-1))
         return 5.0 * torch.sigmoid(self.regressor(features).squeeze(-1))
 
