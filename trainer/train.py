@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from safetensors.torch import load_file
 from tqdm import tqdm
 
 from bertzoo.backbone import resolve_backbone
@@ -162,8 +163,7 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
     start_step, best, metrics = 0, float("-inf"), {}
     if resume and (out_dir / "LATEST").exists():
         directory = ckpt.resolve_checkpoint(out_dir, prefer="LATEST")
-        resumed, _, _ = ckpt.load_model(directory)
-        model.load_state_dict(resumed.state_dict())
+        model.load_state_dict(load_file(str(directory / ckpt.WEIGHTS)))
         meta, opt_state, rng = ckpt.load_trainer_state(directory)
         if opt_state is not None:
             optimizer.load_state_dict(opt_state)
@@ -224,7 +224,10 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
     return model, metrics
 
 
-def _end_of_epoch(config, env, model, optimizer, tokenizer, dev_splits, streams, step, best, log_file):
+def _end_of_epoch(config: TrainConfig, env: Dist, model: MultitaskModel, optimizer: torch.optim.Optimizer,
+                  tokenizer: Tokenizer, dev_splits: dict[str, list], streams: dict[str, TaskStream], step: int,
+                  best: float, log_file) -> tuple[dict, float]:
+    """Rank 0 evaluates on dev (if asked) and saves a checkpoint; the other ranks wait for it."""
     metrics: dict = {}
     is_best = False
     if env.is_main:
