@@ -102,3 +102,26 @@ def test_matches_transformers_bert_on_real_minilm():
     real = mask.bool()
     assert (got - expected)[real].abs().max().item() < 1e-4
     assert (got_explicit - expected)[real].abs().max().item() < 1e-4
+
+
+def test_any_local_huggingface_bert_directory_loads(tmp_path):
+    """A BertFor* checkpoint (keys prefixed "bert.", extra head weights) saved as safetensors works as --backbone."""
+    transformers = pytest.importorskip("transformers", reason="building the HF checkpoint needs transformers")
+    import shutil
+
+    from bertzoo.trainer.config import TrainConfig
+    from bertzoo.trainer.train import build_model
+
+    hf_config = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                        intermediate_size=64)
+    torch.manual_seed(0)
+    reference = transformers.BertForMaskedLM(hf_config).eval()
+    reference.save_pretrained(tmp_path, safe_serialization=True)
+    shutil.copy(resolve_backbone().tokenizer_path, tmp_path / "tokenizer.json")
+    model, tokenizer = build_model(TrainConfig(backbone=str(tmp_path), tasks=("sentiment",)))
+    ids, mask = batch()
+    with torch.no_grad():
+        expected = reference.bert(input_ids=ids, attention_mask=mask).last_hidden_state
+        got = model.eval().encoder(ids, mask).last_hidden_state
+    assert (got - expected)[mask.bool()].abs().max().item() < 1e-5
+    assert tokenizer.vocab_size == 30522
