@@ -83,6 +83,12 @@ class QAExampleLike(Protocol):
     def is_impossible(self) -> bool: ...
 
 
+def _gold_answers(ex: QAExampleLike) -> tuple[bool, list[str]]:
+    """(is the question answerable, its gold answers that survive normalisation), as the official script counts."""
+    has_answer = not ex.is_impossible and len(ex.answers) > 0
+    return has_answer, [a for a in ex.answers if normalize_answer(a)] if has_answer else []
+
+
 def squad_metrics(predictions: Mapping[str, str], examples: Sequence[QAExampleLike]) -> dict[str, float]:
     """Official SQuAD v2.0 aggregation, in percent.
 
@@ -99,8 +105,7 @@ def squad_metrics(predictions: Mapping[str, str], examples: Sequence[QAExampleLi
     em_no: list[float] = []
     f1_no: list[float] = []
     for ex in examples:
-        has_answer = not ex.is_impossible and len(ex.answers) > 0
-        golds = [a for a in ex.answers if normalize_answer(a)] if has_answer else []
+        has_answer, golds = _gold_answers(ex)
         if not golds:
             golds = [""]
         pred = predictions.get(ex.id, "")
@@ -142,8 +147,7 @@ def best_null_threshold(
     for name, measure in (("exact", exact_match), ("f1", f1)):
         gains = []
         for ex in examples:
-            has_answer = not ex.is_impossible and len(ex.answers) > 0
-            golds = [a for a in ex.answers if normalize_answer(a)] if has_answer else []
+            has_answer, golds = _gold_answers(ex)
             pred = span_texts.get(ex.id, "")
             answered = max((measure(pred, g) for g in golds), default=0.0) if has_answer else float(pred == "")
             gains.append((null_margins.get(ex.id, np.inf), answered - float(not has_answer)))
