@@ -146,13 +146,15 @@ def best_null_threshold(
     out = {}
     for name, measure in (("exact", exact_match), ("f1", f1)):
         gains = []
+        no_answer_count = 0
         for ex in examples:
             has_answer, golds = _gold_answers(ex)
+            no_answer_count += not has_answer
             pred = span_texts.get(ex.id, "")
             answered = max((measure(pred, g) for g in golds), default=0.0) if has_answer else float(pred == "")
             gains.append((null_margins.get(ex.id, np.inf), answered - float(not has_answer)))
         # Everything answered "" scores the no-answer questions; answering question q instead adds gains[q].
-        current = best = float(sum(1 for ex in examples if ex.is_impossible or not ex.answers))
+        current = best = float(no_answer_count)
         threshold = float("-inf")
         for margin, gain in sorted(gains, key=lambda g: g[0]):
             current += gain
