@@ -60,6 +60,11 @@ def main(verbose: bool) -> None:
 @click.option("--max-seq-length", type=int, default=None)
 @click.option("--qa-max-length", type=int, default=None)
 @click.option("--qa-doc-stride", type=int, default=None)
+@click.option("--qa-unanswerable-fraction", type=float, default=None,
+              help="Top SQuAD 2.0 train data up to this share of unanswerable questions with synthetic ones "
+                   "[default: 1/3; 0: off].")
+@click.option("--qa-null-threshold", type=float, default=None,
+              help="Answer 'no answer' when the null score beats the best span by more than this [default: 0].")
 @click.option("--epochs", type=float, default=None)
 @click.option("--max-steps", type=int, default=None, help="Stop after this many steps (overrides --epochs).")
 @click.option("--limit-per-task", type=int, default=None, help="Use only the first N training examples per task.")
@@ -127,8 +132,9 @@ def _load(checkpoint: str):
 @click.option("--tasks", default=None, help="Comma-separated subset of the model's tasks.")
 @click.option("--limit", type=int, default=None, help="Evaluate on the first N examples per task.")
 @click.option("--json-out", type=click.Path(dir_okay=False), default=None, help="Also write the metrics as JSON.")
+@click.option("--qa-null-threshold", type=float, default=None, help="Override the checkpoint's no-answer threshold.")
 def eval_command(checkpoint: str, data_dir: str | None, split: str, tasks: str | None, limit: int | None,
-                 json_out: str | None) -> None:
+                 json_out: str | None, qa_null_threshold: float | None) -> None:
     """Print each task's official metric for CHECKPOINT (a checkpoint or run directory) on a split."""
     from bertzoo.trainer.evaluate import evaluate, format_metrics
     from bertzoo.trainer.train import load_splits
@@ -136,6 +142,8 @@ def eval_command(checkpoint: str, data_dir: str | None, split: str, tasks: str |
     model, tokenizer, config, directory = _load(checkpoint)
     config.data_dir = data_dir
     config.tasks = _parse_tasks(tasks) if tasks else config.tasks
+    if qa_null_threshold is not None:
+        model.config.qa_null_threshold = qa_null_threshold
     metrics = evaluate(model, load_splits(config, split, limit), tokenizer, config.limits)
     click.echo(f"{directory} on {split}:")
     click.echo(format_metrics(metrics))

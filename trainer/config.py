@@ -30,6 +30,10 @@ class TrainConfig:
     max_seq_length: int = 128
     qa_max_length: int = 384
     qa_doc_stride: int = 128
+    # SQuAD 2.0-style training data (any unanswerable question in it) is topped up with synthetic unanswerable
+    # questions to this share (bertzoo/unanswerable.py); 1/3 is the official v2.0 train share. 0 turns it off.
+    qa_unanswerable_fraction: float = 1 / 3
+    qa_null_threshold: float = 0.0  # answer "no answer" when null score - best span score exceeds this
     # optimisation
     epochs: float = 3.0
     max_steps: int | None = None  # overrides epochs when set
@@ -60,6 +64,8 @@ class TrainConfig:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if not 0.0 <= self.qa_unanswerable_fraction < 1.0:
+            raise ValueError(f"qa_unanswerable_fraction must be in [0, 1), got {self.qa_unanswerable_fraction}")
         if self.qa_doc_stride >= self.qa_max_length:
             raise ValueError(f"qa_doc_stride {self.qa_doc_stride} must be below qa_max_length {self.qa_max_length}")
 

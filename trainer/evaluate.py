@@ -93,7 +93,7 @@ def _predict_qa(model: MultitaskModel, examples: Sequence, tokenizer: Tokenizer,
         per_example[i].append(w)
     return [
         T.postprocess_qa(e.context, [windows[w] for w in ws], [starts[w] for w in ws], [ends[w] for w in ws], limits,
-                         allow_impossible=allow_impossible)
+                         allow_impossible=allow_impossible, null_threshold=model.config.qa_null_threshold)
         for e, ws in zip(examples, per_example, strict=True)
     ]
 
@@ -107,7 +107,8 @@ def evaluate_task(model: MultitaskModel, task: str, examples: Sequence, tokenize
         return T.score_paraphrase(T.postprocess_paraphrase(outputs), examples)
     if task == "similarity":
         return T.score_similarity(T.postprocess_similarity(outputs), examples)
-    return T.score_qa({e.id: p for e, p in zip(examples, outputs, strict=True)}, examples)
+    return T.score_qa({e.id: p for e, p in zip(examples, outputs, strict=True)}, examples,
+                      null_threshold=model.config.qa_null_threshold)
 
 
 def evaluate(model: MultitaskModel, splits: dict[str, Sequence], tokenizer: Tokenizer, limits: T.Limits,

@@ -29,6 +29,7 @@ class ModelConfig:
     pooling: str = "mean"  # "cls" or "mean" over real tokens (padding excluded)
     similarity_head: str = "cosine"  # "concat" ([u; v; |u-v|] -> score) or "cosine" (scaled to [0, 5])
     head_dropout: float = 0.1
+    qa_null_threshold: float = 0.0  # QA answers "no answer" when null score - best span score exceeds this
 
     def __post_init__(self) -> None:
         if self.pooling not in POOLINGS:

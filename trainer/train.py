@@ -27,6 +27,7 @@ from bertzoo.backbone import resolve_backbone
 from bertzoo.datafiles import load_split, samples_dir
 from bertzoo.tasks import task_spec
 from bertzoo.tokenization import Tokenizer
+from bertzoo.unanswerable import synthesize_unanswerable
 
 from . import checkpoint as ckpt
 from .batches import TaskStream, build_features, collate, steps_per_epoch, task_for_step
@@ -75,13 +76,14 @@ def build_model(config: TrainConfig) -> tuple[MultitaskModel, Tokenizer]:
     encoder_config = EncoderConfig.from_dict(backbone.config(), **config.encoder_overrides)
     num_labels = len(task_spec("sentiment", config.sentiment_dataset).labels)
     model = MultitaskModel(ModelConfig(encoder_config, config.tasks, num_labels, config.pooling,
-                                       config.similarity_head))
+                                       config.similarity_head, qa_null_threshold=config.qa_null_threshold))
     if backbone.weights_path is not None:
         model.encoder.load_pretrained(backbone.weights_path)
     return model, Tokenizer.from_file(backbone.tokenizer_path)
 
 
-def load_splits(config: TrainConfig, split: str, limit: int | None) -> dict[str, list]:
+def load_splits(config: TrainConfig, split: str, limit: int | None, augment: bool = False) -> dict[str, list]:
+    """Each task's examples of a split; ``augment`` adds the training-only synthetic QA negatives."""
     data_dir = Path(config.data_dir) if config.data_dir else samples_dir()
     splits = {}
     for task in config.tasks:
@@ -89,8 +91,23 @@ def load_splits(config: TrainConfig, split: str, limit: int | None) -> dict[str,
         examples = load_split(data_dir, task, split, config.sentiment_dataset, skipped=skipped)
         if skipped:
             log.warning("%s/%s: skipped %d malformed rows (first: %s)", task, split, len(skipped), skipped[0])
-        splits[task] = examples[:limit] if limit else examples
+        examples = examples[:limit] if limit else examples
+        if task == "qa" and augment:
+            examples = examples + _unanswerable_top_up(examples, config)
+        splits[task] = examples
     return splits
+
+
+def _unanswerable_top_up(examples: list, config: TrainConfig) -> list:
+    # Only for SQuAD 2.0-style data: a v1.1 model is never asked to abstain.
+    if not config.qa_unanswerable_fraction or not any(e.is_impossible for e in examples):
+        return []
+    made = synthesize_unanswerable(examples, config.qa_unanswerable_fraction, config.seed)
+    share = (sum(e.is_impossible for e in examples) + len(made)) / max(1, len(examples) + len(made))
+    log.info("qa/train: added %d synthetic unanswerable questions (%d answer-sentence-removed, %d other-paragraph); "
+             "unanswerable share now %.1f%%", len(made), sum(e.id.endswith("-removed") for e in made),
+             sum(e.id.endswith("-other") for e in made), 100 * share)
+    return made
 
 
 def task_loss(task: str, outputs, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -143,7 +160,7 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
 
     model, tokenizer = build_model(config)
     limits = config.limits
-    train_splits = load_splits(config, "train", config.limit_per_task)
+    train_splits = load_splits(config, "train", config.limit_per_task, augment=True)
     dev_splits = load_splits(config, "dev", config.eval_limit_per_task) if config.eval_every_epoch else {}
     streams = {
         task: TaskStream(task, build_features(task, examples, tokenizer, limits), config.batch_size, config.seed,
