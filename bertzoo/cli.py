@@ -183,5 +183,33 @@ def predict(checkpoint: str, task: str, texts: tuple[str, ...]) -> None:
     click.echo(json.dumps(result, indent=2))
 
 
+@main.command("export")
+@click.argument("checkpoint", type=click.Path(exists=True))
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Artifact directory to write.")
+@click.option("--optimize", is_flag=True, help="Add an encoder with ONNX Runtime's transformer fusions.")
+@click.option("--int8", is_flag=True, help="Add a dynamically int8-quantized encoder.")
+@click.option("--per-channel/--per-tensor", default=True, help="int8 weight scales per output channel or per tensor.")
+@click.option("--trt", is_flag=True, help="Add a TensorRT fp16 engine (needs tensorrt and an NVIDIA GPU).")
+@click.option("--triton", is_flag=True, help="Add a Triton Inference Server model repository (triton/).")
+@click.option("--data", "data_dir", type=click.Path(file_okay=False), default=None,
+              help="Dev data for the task-level parity gates (default: the bundled samples).")
+@click.option("--parity-limit", type=int, default=200, help="Dev examples per task for the parity gates.")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+def export_command(checkpoint: str, out_dir: str, **options) -> None:
+    """Export CHECKPOINT to an artifact directory the server loads without torch (ONNX, manifest, parity report)."""
+    from bertzoo.export.exporter import ExportError, ExportOptions, export_checkpoint
+    from bertzoo.export.tensorrt import TensorRTUnavailable
+
+    try:
+        manifest = export_checkpoint(checkpoint, out_dir, ExportOptions(**options))
+    except (ExportError, TensorRTUnavailable) as e:
+        raise click.ClickException(str(e)) from e
+    for variant, report in manifest["parity"].items():
+        shown = ", ".join(f"{t}: " + ", ".join(f"{k}={v:.4g}" for k, v in r.items() if k != "n")
+                          for t, r in report["tasks"].items())
+        click.echo(f"{variant:10s} encoder max abs diff {report['tensor_max_abs']['encoder']:.2e}; {shown}")
+    click.echo(f"wrote {out_dir} ({len(manifest['files'])} files, manifest.json)")
+
+
 if __name__ == "__main__":
     main()

@@ -77,31 +77,46 @@ def _threshold_bisect(z: Tensor, valid: Tensor) -> Tensor:
     return tau
 
 
-class _SparsegenLin(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, scores: Tensor, mask: Tensor | None, lam: float, impl: str) -> Tensor:  # type: ignore[override]
-        z, valid = _prepare(scores, mask, lam)
-        tau = _threshold_sort(z, valid) if impl == "sort" else _threshold_bisect(z, valid)
-        p = torch.where(valid, (z - tau).clamp(min=0), torch.zeros_like(z))
-        ctx.save_for_backward(p)
-        ctx.lam = lam
-        return p.to(scores.dtype)
+# A registered custom op rather than an autograd.Function: eager training runs the same code, and torch.export sees
+# one opaque ``bertzoo::sparsegen_lin`` node, which the ONNX export maps to a single ``SparsegenLin`` node of our own
+# domain (bertzoo/export) instead of tracing the sort or the bisection loop into primitive ops.
+@torch.library.custom_op("bertzoo::sparsegen_lin", mutates_args=())
+def _sparsegen_lin_op(scores: Tensor, mask: Tensor | None, lam: float, impl: str) -> Tensor:
+    z, valid = _prepare(scores, mask, lam)
+    tau = _threshold_sort(z, valid) if impl == "sort" else _threshold_bisect(z, valid)
+    return torch.where(valid, (z - tau).clamp(min=0), torch.zeros_like(z)).to(scores.dtype)
 
-    @staticmethod
-    def backward(ctx, grad_p: Tensor):  # type: ignore[override]
-        (p,) = ctx.saved_tensors
-        support = (p > 0).to(p.dtype)
-        g = _at_least_fp32(grad_p) * support
-        mean_g = g.sum(dim=-1, keepdim=True) / support.sum(dim=-1, keepdim=True).clamp(min=1)
-        grad_scores = support * (g - mean_g) / (1.0 - ctx.lam)
-        return grad_scores.to(grad_p.dtype), None, None, None
+
+@_sparsegen_lin_op.register_fake
+def _(scores: Tensor, mask: Tensor | None, lam: float, impl: str) -> Tensor:
+    return torch.empty_like(scores)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    ctx.save_for_backward(output)
+    ctx.lam = inputs[2]
+
+
+def _backward(ctx, grad_p: Tensor):
+    (p,) = ctx.saved_tensors
+    p = _at_least_fp32(p)
+    support = (p > 0).to(p.dtype)
+    g = _at_least_fp32(grad_p) * support
+    mean_g = g.sum(dim=-1, keepdim=True) / support.sum(dim=-1, keepdim=True).clamp(min=1)
+    grad_scores = support * (g - mean_g) / (1.0 - ctx.lam)
+    return grad_scores.to(grad_p.dtype), None, None, None
+
+
+_sparsegen_lin_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def sparsegen_lin(scores: Tensor, mask: Tensor | None = None, lam: float = 0.0, impl: str = "sort") -> Tensor:
     """sparsegen-lin over the last dimension. ``mask`` is True (or 1) for keys that may be attended, broadcastable."""
     if impl not in SPARSEGEN_IMPLS:
         raise ValueError(f"sparsegen impl must be one of {SPARSEGEN_IMPLS}, got {impl!r}")
-    return _SparsegenLin.apply(scores, mask, float(lam), impl)
+    if not lam < 1.0:
+        raise ValueError(f"sparsegen-lin needs lambda < 1, got {lam}")
+    return _sparsegen_lin_op(scores, mask, float(lam), impl)
 
 
 def masked_softmax(scores: Tensor, mask: Tensor | None = None) -> Tensor:

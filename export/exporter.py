@@ -1,0 +1,169 @@
+"""``bertzoo export``: checkpoint -> artifact directory (ONNX graphs, optional optimized / int8 / TensorRT variants,
+Triton repository, tokenizer, manifest with hashes and the parity report).
+
+Everything is written into a temporary sibling directory and renamed into place at the end, so an export that fails
+(a parity gate, a crash) never leaves a half-written artifact where the server would look.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import platform
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from bertzoo.artifact import sha256_file, write_json_atomic, write_manifest
+from bertzoo.tasks import task_spec
+from bertzoo.tokenization import Tokenizer
+from bertzoo.trainer.checkpoint import TOKENIZER, WEIGHTS, load_model
+from bertzoo.trainer.config import TrainConfig
+
+from . import onnx_graphs, ort_tools, parity
+
+log = logging.getLogger("bertzoo.export")
+
+DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 384)
+DEFAULT_BATCH_SIZES = (1, 8, 32, 64)
+
+
+@dataclass
+class ExportOptions:
+    optimize: bool = False
+    int8: bool = False
+    trt: bool = False
+    triton: bool = False
+    per_channel: bool = True
+    data_dir: str | None = None  # dev data for the task-level parity gates (default: the bundled samples)
+    parity_limit: int = 200  # dev examples per task for the parity gates
+    seq_buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
+    force: bool = False  # replace an existing artifact directory
+
+
+class ExportError(RuntimeError):
+    pass
+
+
+def _versions() -> dict[str, str]:
+    import onnx
+    import onnxruntime
+    import onnxscript
+    import torch
+
+    import bertzoo
+
+    return {"bertzoo": bertzoo.__version__, "torch": torch.__version__, "onnx": onnx.__version__,
+            "onnxruntime": onnxruntime.__version__, "onnxscript": onnxscript.__version__,
+            "python": platform.python_version()}
+
+
+def _parity_splits(train_config: TrainConfig, options: ExportOptions) -> dict[str, list]:
+    from bertzoo.trainer.train import load_splits
+
+    config = dataclasses.replace(train_config, data_dir=options.data_dir)
+    return load_splits(config, "dev", options.parity_limit)
+
+
+def export_checkpoint(checkpoint: str | Path, out: str | Path, options: ExportOptions) -> dict:
+    """Export and verify; returns the manifest. Raises ExportError / ParityError without touching ``out``."""
+    out = Path(out)
+    if out.exists() and not options.force:
+        raise ExportError(f"{out} exists; pass --force to replace it")
+    if options.trt:
+        from .tensorrt import require_tensorrt
+
+        require_tensorrt()  # fail in a second with what to install, not after minutes of export
+    model, saved, source = load_model(checkpoint)
+    model = model.float().eval()
+    train_config = TrainConfig.from_dict(saved["train"])
+    tokenizer = Tokenizer.from_file(source / TOKENIZER)
+    limits = train_config.limits
+    buckets = tuple(b for b in options.seq_buckets if b < limits.qa_max_length) + (limits.qa_max_length,)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        manifest = _export_into(work, out, model, train_config, tokenizer, source, buckets, options)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(work, out)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    log.info("artifact written to %s", out)
+    return manifest
+
+
+def _export_into(work: Path, out: Path, model, train_config: TrainConfig, tokenizer: Tokenizer, source: Path,
+                 buckets: tuple[int, ...], options: ExportOptions) -> dict:
+    from bertzoo.serving.backends import OnnxRuntimeBackend
+
+    enc = model.config.encoder
+    specs = onnx_graphs.export_graphs(model, work)
+    shutil.copyfile(source / TOKENIZER, work / TOKENIZER)
+    graphs = {"encoder": {"files": {"fp32": specs["encoder"].file}, "inputs": list(specs["encoder"].inputs),
+                          "outputs": list(specs["encoder"].outputs)}}
+    for task in model.heads:
+        graphs[task] = {"files": {"fp32": specs[task].file}, "inputs": list(specs[task].inputs),
+                        "outputs": list(specs[task].outputs)}
+    reports: dict[str, dict] = {}
+    if options.optimize:
+        reports["optimize"] = ort_tools.optimize(work / "encoder.onnx", work / "encoder.opt.onnx",
+                                                 enc.num_attention_heads, enc.hidden_size)
+        graphs["encoder"]["files"]["optimized"] = "encoder.opt.onnx"
+    if options.int8:
+        # Quantize the fused graph when there is one: quantization after fusion is what ORT recommends.
+        src = "encoder.opt.onnx" if options.optimize else "encoder.onnx"
+        reports["int8"] = ort_tools.quantize_int8(work / src, work / "encoder.int8.onnx", options.per_channel)
+        graphs["encoder"]["files"]["int8"] = "encoder.int8.onnx"
+
+    splits = _parity_splits(train_config, options)
+    draft = {"graphs": graphs}
+    parity_reports = {}
+    for variant in graphs["encoder"]["files"]:
+        backend = OnnxRuntimeBackend(work, variant, manifest=draft)
+        try:
+            parity_reports[variant] = parity.check(model, backend, variant, splits, tokenizer, train_config.limits)
+        except parity.ParityError as e:
+            failed = out.with_name(f"{out.name}.parity-failed.json")
+            write_json_atomic(failed, {**parity_reports, variant: e.report})
+            raise ExportError(f"{e} (full report: {failed})") from e
+        log.info("parity %s: passed (encoder max abs diff %.2e)", variant,
+                 parity_reports[variant]["tensor_max_abs"]["encoder"])
+
+    if options.trt:
+        from . import tensorrt
+
+        trt_dir = work / "tensorrt"
+        trt_dir.mkdir()
+        reports["tensorrt"] = tensorrt.build_engine(
+            work / "encoder.onnx", trt_dir / "encoder.fp16.plan", batch_sizes=options.batch_sizes, seq_buckets=buckets,
+            fp16=True, timing_cache_path=trt_dir / "timing.cache")
+        graphs["encoder"]["files"]["tensorrt_fp16"] = "tensorrt/encoder.fp16.plan"
+    if options.triton:
+        from . import triton_repo
+
+        engine = work / graphs["encoder"]["files"]["tensorrt_fp16"] if options.trt else None
+        files = {k: v["files"].get("optimized", v["files"]["fp32"]) for k, v in graphs.items()}
+        reports["triton"] = triton_repo.write_repository(work, files, engine=engine)
+
+    sentiment = task_spec("sentiment", train_config.sentiment_dataset)
+    manifest = {
+        "model": {"tasks": list(model.heads), "encoder": enc.to_dict(), "pooling": model.config.pooling,
+                  "similarity_head": model.config.similarity_head, "qa_null_threshold": model.config.qa_null_threshold},
+        "labels": {"sentiment": list(sentiment.labels), "paraphrase": ["not_duplicate", "duplicate"]},
+        "limits": dataclasses.asdict(train_config.limits),
+        "tokenizer": TOKENIZER,
+        "length_buckets": list(buckets),
+        "batch_sizes": list(options.batch_sizes),
+        "graphs": graphs,
+        "hidden_size": enc.hidden_size,
+        "source_checkpoint": {"path": str(source), "weights_sha256": sha256_file(source / WEIGHTS)},
+        "versions": _versions(),
+        "reports": reports,
+        "parity": parity_reports,
+    }
+    return write_manifest(work, manifest)

@@ -1,0 +1,139 @@
+"""The ``SparsegenLin`` ONNX op of our own domain, and its definition as an ONNX function of standard ops.
+
+In an SSAF graph every attention layer's probability function is one node ``bertzoo.SparsegenLin(scores, mask)``
+with a float attribute ``lambda``:
+
+- ``scores``: float [..., keys] attention scores (any float type; computed in float32 inside).
+- ``mask``: bool, broadcastable to ``scores``; False keys get exactly zero probability.
+- output: same shape and type as ``scores``, each row summing to 1: ``max(0, (z - tau) / (1 - lambda))``.
+
+The model carries the op's definition as a model-local ONNX function (the sort-based algorithm of
+``trainer/sparsegen.py``: TopK, CumSum, support size, threshold), so ONNX Runtime, ``onnx.checker`` and any other
+runtime can execute it without knowing our domain. A runtime with a faster implementation registers its own kernel
+under the same name (the TensorRT plugin in ``export/tensorrt.py``).
+
+Why the node is attached after export: the torch.onnx (dynamo) exporter inlines onnxscript functions, so the
+translation below emits a bare ``SparsegenLin`` node and :func:`attach_function` adds the definition afterwards, with
+the function's default-domain opset set to the model's own (ONNX requires them to agree).
+"""
+
+from __future__ import annotations
+
+import onnx
+import onnx.parser
+import onnxscript
+
+DOMAIN = "bertzoo"
+DOMAIN_VERSION = 1
+OP_TYPE = "SparsegenLin"
+
+
+
+def _schema() -> onnx.defs.OpSchema:
+    # The exporter builds nodes from schemas, so the exporting process registers one. The saved model does not need
+    # it: it carries the function definition, and is checked in a process without this schema (tests/test_export.py).
+    T = onnx.defs.OpSchema.FormalParameter
+    return onnx.defs.OpSchema(
+        OP_TYPE, DOMAIN, DOMAIN_VERSION, doc="sparsegen-lin over the last axis; False mask keys get zero weight.",
+        inputs=[T("scores", "T"), T("mask", "tensor(bool)")], outputs=[T("probs", "T")],
+        type_constraints=[("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], "score types")],
+        attributes=[onnx.defs.OpSchema.Attribute("lambda", onnx.defs.OpSchema.AttrType.FLOAT, "lambda < 1")],
+    )
+
+
+def _registered_op() -> onnxscript.values.Op:
+    if not onnx.defs.has(OP_TYPE, DOMAIN):
+        onnx.defs.register_schema(_schema())
+    return onnxscript.values.Opset(DOMAIN, DOMAIN_VERSION)[OP_TYPE]
+
+# The function body in ONNX's text syntax (one op per line: the syntax has no nested calls); ``@lambda`` refers to the
+# node's attribute, Log(0) is -inf. It follows _prepare and _threshold_sort in trainer/sparsegen.py step by step.
+_FUNCTION_TEXT = """
+<domain: "bertzoo", opset_import: ["": {opset}]>
+SparsegenLin <lambda> (scores, mask) => (probs) {{
+    lam = Constant <value_float: float = @lambda> ()
+    one = Constant <value_float = 1.0> ()
+    zero = Constant <value_float = 0.0> ()
+    neg_inf = Log (zero)
+    last = Constant <value_ints = [-1]> ()
+    axis = Constant <value_int = -1> ()
+    one_i = Constant <value_int = 1> ()
+    x = Cast <to = 1> (scores)
+    scale = Sub (one, lam)
+    z_scaled = Div (x, scale)
+    mask_b = Cast <to = 9> (mask)
+    z_shape = Shape (z_scaled)
+    valid = Expand (mask_b, z_shape)
+    z_masked = Where (valid, z_scaled, neg_inf)
+    row_max = ReduceMax <keepdims = 1> (z_masked, last)
+    all_masked = IsInf (row_max)
+    safe_max = Where (all_masked, zero, row_max)
+    z = Sub (z_masked, safe_max)
+    n_keys = Shape <start = -1> (z)
+    z_sorted, unused_idx = TopK <axis = -1, largest = 1, sorted = 1> (z, n_keys)
+    is_inf = IsInf (z_sorted)
+    finite = Not (is_inf)
+    z_sorted0 = Where (finite, z_sorted, zero)
+    cumsum = CumSum (z_sorted0, axis)
+    n_scalar = Squeeze (n_keys)
+    n_end = Add (n_scalar, one_i)
+    k_int = Range (one_i, n_end, one_i)
+    k = Cast <to = 1> (k_int)
+    k_z = Mul (k, z_sorted0)
+    lhs = Add (one, k_z)
+    above = Greater (lhs, cumsum)
+    in_support = And (finite, above)
+    in_support_f = Cast <to = 1> (in_support)
+    count = ReduceSum <keepdims = 1> (in_support_f, last)
+    size = Max (count, one)
+    size_m1 = Sub (size, one)
+    index = Cast <to = 7> (size_m1)
+    cumsum_k = GatherElements <axis = -1> (cumsum, index)
+    mass_m1 = Sub (cumsum_k, one)
+    tau = Div (mass_m1, size)
+    shifted = Sub (z, tau)
+    p_all = Relu (shifted)
+    p = Where (valid, p_all, zero)
+    probs = CastLike (p, scores)
+}}
+"""
+
+
+def function_proto(opset: int) -> onnx.FunctionProto:
+    """The op's definition for a model whose default-domain opset is ``opset`` (>= 18: ReduceMax takes axes as input)."""
+    if opset < 18:
+        raise ValueError(f"the SparsegenLin function needs opset >= 18, got {opset}")
+    return onnx.parser.parse_function(_FUNCTION_TEXT.format(opset=opset))
+
+
+def attach_function(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Add the SparsegenLin definition (and our domain's opset import) to a model whose graph uses the op."""
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    kept = [f for f in model.functions if not (f.domain == DOMAIN and f.name == OP_TYPE)]
+    del model.functions[:]
+    model.functions.extend([*kept, function_proto(opset)])
+    if not any(o.domain == DOMAIN for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
+    return model
+
+
+def count_nodes(model: onnx.ModelProto, op_type: str = OP_TYPE, domain: str = DOMAIN) -> int:
+    """How many nodes of the main graph (functions not included) are ``domain.op_type``."""
+    return sum(1 for n in model.graph.node if n.op_type == op_type and n.domain == domain)
+
+
+def _translate(scores, mask, lam: float, impl: str):
+    # ``impl`` (sort or bisect) is a training-time choice; the ONNX op is defined by its result, not its algorithm.
+    return _registered_op()(scores, mask, **{"lambda": float(lam)})
+
+
+def translation_table() -> dict:
+    """For ``torch.onnx.export(custom_translation_table=...)``: our torch custom op -> one bare ONNX node."""
+    import torch
+
+    import bertzoo.trainer.sparsegen  # noqa: F401  (registers torch.ops.bertzoo.sparsegen_lin)
+
+    return {torch.ops.bertzoo.sparsegen_lin.default: _translate}
+
+
+__all__ = ["DOMAIN", "OP_TYPE", "attach_function", "count_nodes", "function_proto", "translation_table"]

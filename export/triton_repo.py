@@ -1,0 +1,82 @@
+"""A Triton Inference Server model repository for users who outgrow one bertzoo server.
+
+Layout (https://docs.nvidia.com/deeplearning/triton-inference-server/user-guide/docs/user_guide/model_repository.html):
+
+    triton/
+      bertzoo_encoder/config.pbtxt, 1/model.onnx   (or 1/model.plan with the tensorrt backend)
+      bertzoo_head_<task>/config.pbtxt, 1/model.onnx
+
+Each model gets dynamic batching (no added queue delay by default, like our own batcher) and an instance group.
+Tokenization and post-processing stay in the client (``bertzoo.tasks`` is torch-free and pip-installable), which is
+how Triton is usually fronted for encoders. An SSAF encoder runs on Triton's onnxruntime backend through the
+SparsegenLin function body the graph carries.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import onnx
+
+_ONNX_TO_TRITON = {
+    onnx.TensorProto.FLOAT: "TYPE_FP32", onnx.TensorProto.FLOAT16: "TYPE_FP16", onnx.TensorProto.INT64: "TYPE_INT64",
+    onnx.TensorProto.INT32: "TYPE_INT32", onnx.TensorProto.BOOL: "TYPE_BOOL",
+}
+
+
+def _tensor_entries(values, skip_batch: bool) -> list[str]:
+    entries = []
+    for v in values:
+        t = v.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim]
+        dims = dims[1:] if skip_batch else dims  # with max_batch_size > 0, Triton's dims leave out the batch axis
+        entries.append(f'  {{ name: "{v.name}", data_type: {_ONNX_TO_TRITON[t.elem_type]}, dims: {dims} }}')
+    return entries
+
+
+def model_config(name: str, graph: onnx.ModelProto, backend: str, max_batch_size: int, instances: int, kind: str,
+                 max_queue_delay_us: int) -> str:
+    """config.pbtxt text for one graph."""
+    inputs = ",\n".join(_tensor_entries(graph.graph.input, skip_batch=True))
+    outputs = ",\n".join(_tensor_entries(graph.graph.output, skip_batch=True))
+    return (
+        f'name: "{name}"\nbackend: "{backend}"\nmax_batch_size: {max_batch_size}\n'
+        f"input [\n{inputs}\n]\noutput [\n{outputs}\n]\n"
+        f"dynamic_batching {{ max_queue_delay_microseconds: {max_queue_delay_us} }}\n"
+        f"instance_group [ {{ count: {instances}, kind: {kind} }} ]\n"
+    )
+
+
+def _place(src: Path, dst: Path) -> None:
+    # A hard link costs no disk for the 90 MB encoder; copy where the filesystem cannot link.
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def write_repository(artifact_dir: Path, graphs: dict[str, str], engine: Path | None = None, max_batch_size: int = 64,
+                     instances: int = 1, gpu: bool = False, max_queue_delay_us: int = 0) -> dict[str, str]:
+    """Write ``artifact_dir/triton``; ``graphs`` maps "encoder" and task names to ONNX files in ``artifact_dir``.
+    With ``engine`` the encoder uses the tensorrt backend (the SparsegenLin plugin must then be loaded into Triton,
+    see README). Returns {triton model name: backend}."""
+    root = artifact_dir / "triton"
+    shutil.rmtree(root, ignore_errors=True)
+    kind = "KIND_GPU" if gpu or engine is not None else "KIND_CPU"
+    written = {}
+    for key, file in graphs.items():
+        name = "bertzoo_encoder" if key == "encoder" else f"bertzoo_head_{key}"
+        graph = onnx.load(str(artifact_dir / file), load_external_data=False)
+        if key == "encoder" and engine is not None:
+            backend = "tensorrt"
+            _place(engine, root / name / "1" / "model.plan")
+        else:
+            backend = "onnxruntime"
+            _place(artifact_dir / file, root / name / "1" / "model.onnx")
+        (root / name / "config.pbtxt").write_text(
+            model_config(name, graph, backend, max_batch_size, instances, kind, max_queue_delay_us))
+        written[name] = backend
+    return written
