@@ -146,7 +146,10 @@ def _export_into(work: Path, out: Path, model, train_config: TrainConfig, tokeni
     if options.triton:
         from . import triton_repo
 
-        engine = work / graphs["encoder"]["files"]["tensorrt_fp16"] if options.trt else None
+        # An SSAF engine needs our Python plugin at run time, which Triton's tensorrt backend cannot load: such an
+        # encoder stays on Triton's onnxruntime backend, which runs the SparsegenLin function body.
+        ssaf = enc.attention == "sparsegen_lin"
+        engine = work / graphs["encoder"]["files"]["tensorrt_fp16"] if options.trt and not ssaf else None
         files = {k: v["files"].get("optimized", v["files"]["fp32"]) for k, v in graphs.items()}
         reports["triton"] = triton_repo.write_repository(work, files, engine=engine)
 

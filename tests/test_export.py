@@ -1,0 +1,181 @@
+"""Export -> load -> compare, for a tiny softmax model and a tiny SSAF (sparsegen-lin) model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from bertzoo.artifact import MANIFEST, ArtifactError, load_manifest
+from bertzoo.data import PairExample, SentenceExample
+from bertzoo.export.exporter import ExportError, ExportOptions, export_checkpoint
+from bertzoo.export.sparsegen_onnx import DOMAIN, OP_TYPE, count_nodes
+from bertzoo.serving.backends import OnnxRuntimeBackend
+from bertzoo.trainer.checkpoint import load_model
+from bertzoo.trainer.evaluate import TorchBackend
+from bertzoo.trainer.train import train
+
+SSAF = {"attention": "sparsegen_lin", "sparsegen_lambda": -1.0}
+
+
+@pytest.fixture(scope="module", params=["softmax", "sparsegen_lin"])
+def exported(request, tmp_path_factory):
+    """(checkpoint dir, artifact dir) for a tiny model trained a few steps and exported with every CPU variant."""
+    from bertzoo.trainer.config import TrainConfig
+    from conftest import TINY_ENCODER
+
+    root = tmp_path_factory.mktemp(request.param)
+    encoder = dict(TINY_ENCODER, **(SSAF if request.param == "sparsegen_lin" else {}))
+    config = TrainConfig(out_dir=str(root / "run"), random_init=True, encoder_overrides=encoder, limit_per_task=16,
+                         batch_size=4, max_steps=4, lr=1e-3, qa_max_length=128, qa_doc_stride=32, progress=False,
+                         eval_every_epoch=False)
+    train(config)
+    export_checkpoint(root / "run", root / "artifact",
+                      ExportOptions(optimize=True, int8=True, triton=True, parity_limit=24))
+    return request.param, root / "run", root / "artifact"
+
+
+def test_graphs_have_dynamic_axes_and_the_custom_node_only_in_ssaf(exported):
+    attention, _, artifact = exported
+    encoder = onnx.load(str(artifact / "encoder.onnx"))
+    dims = [[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in encoder.graph.input]
+    assert all(isinstance(d[0], str) and isinstance(d[1], str) for d in dims), dims
+    assert {o.domain: o.version for o in encoder.opset_import}[""] >= 17
+    if attention == "sparsegen_lin":
+        assert count_nodes(encoder) == 2  # one per layer, not an unrolled soup
+        assert [f.name for f in encoder.functions] == [OP_TYPE]
+        assert not any(n.op_type in ("TopK", "CumSum") for n in encoder.graph.node)
+        # The optimized and int8 graphs keep the node and its definition.
+        for name in ("encoder.opt.onnx", "encoder.int8.onnx"):
+            assert count_nodes(onnx.load(str(artifact / name))) == 2
+    else:
+        assert count_nodes(encoder) == 0 and not encoder.functions
+
+
+def test_full_check_passes_in_a_process_that_never_heard_of_our_domain(exported):
+    _, _, artifact = exported
+    code = (
+        "import onnx, onnx.checker, sys\n"
+        f"assert not onnx.defs.has({OP_TYPE!r}, {DOMAIN!r})\n"
+        "for f in sys.argv[1:]:\n"
+        "    onnx.checker.check_model(onnx.load(f), full_check=True)\n"
+    )
+    files = [str(artifact / f) for f in ("encoder.onnx", "encoder.opt.onnx", "head_qa.onnx")]
+    result = subprocess.run([sys.executable, "-c", code, *files], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("variant", ["fp32", "optimized"])
+def test_onnxruntime_matches_torch_on_new_shapes(exported, variant):
+    _, run, artifact = exported
+    model, _, _ = load_model(run)
+    ort_backend, torch_backend = OnnxRuntimeBackend(artifact, variant, threads=1), TorchBackend(model)
+    rng = np.random.default_rng(0)
+    for b, t in ((1, 5), (6, 41)):
+        batch = {"input_ids": rng.integers(1000, 2000, (b, t)), "attention_mask": np.ones((b, t), dtype=np.int64),
+                 "token_type_ids": np.zeros((b, t), dtype=np.int64)}
+        batch["attention_mask"][-1, t // 2:] = 0
+        real = batch["attention_mask"].astype(bool)
+        got, ref = ort_backend.encode(batch), torch_backend.encode(batch)
+        assert np.abs(got[real] - ref[real]).max() < 1e-4
+        # A pair head with sentences of different padded lengths (seq_a != seq_b).
+        pair = {"states_a": ref, "mask_a": batch["attention_mask"], "states_b": ref[:, :3], "mask_b":
+                batch["attention_mask"][:, :3]}
+        np.testing.assert_allclose(ort_backend.head("similarity", pair)[0], torch_backend.head("similarity", pair)[0],
+                                   atol=1e-5)
+
+
+def test_manifest_records_files_parity_and_refuses_a_tampered_file(exported, tmp_path):
+    import shutil
+
+    _, _, artifact = exported
+    manifest = load_manifest(artifact)
+    assert set(manifest["parity"]) == {"fp32", "optimized", "int8"}
+    assert all(r["passed"] for r in manifest["parity"].values())
+    assert manifest["labels"]["sentiment"][0] == "very negative"
+    assert "tokenizer.json" in manifest["files"] and manifest["source_checkpoint"]["weights_sha256"]
+    copy = tmp_path / "copy"
+    shutil.copytree(artifact, copy)
+    with open(copy / "head_qa.onnx", "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(ArtifactError, match="head_qa.onnx: sha256"):
+        load_manifest(copy)
+    with pytest.raises(ArtifactError, match="head_qa.onnx: sha256"):
+        OnnxRuntimeBackend(copy)
+    (copy / MANIFEST).unlink()
+    with pytest.raises(ArtifactError, match="no manifest.json"):
+        load_manifest(copy)
+
+
+def test_triton_repository_layout(exported):
+    _, _, artifact = exported
+    root = artifact / "triton"
+    names = sorted(p.name for p in root.iterdir())
+    assert names == ["bertzoo_encoder", "bertzoo_head_paraphrase", "bertzoo_head_qa", "bertzoo_head_sentiment",
+                     "bertzoo_head_similarity"]
+    for name in names:
+        config = (root / name / "config.pbtxt").read_text()
+        assert f'name: "{name}"' in config and 'backend: "onnxruntime"' in config
+        assert "dynamic_batching" in config and "instance_group" in config
+        assert (root / name / "1" / "model.onnx").is_file()
+    assert 'name: "last_hidden_state", data_type: TYPE_FP32, dims: [-1, 32]' in (root / "bertzoo_encoder" /
+                                                                              "config.pbtxt").read_text()
+
+
+def test_served_predictions_equal_torch_predictions(exported):
+    """The artifact through the shared pipeline gives the same answers as the checkpoint through PyTorch."""
+    from bertzoo import pipeline
+    from bertzoo.tokenization import Tokenizer
+
+    _, run, artifact = exported
+    model, config, directory = load_model(run)
+    tokenizer = Tokenizer.from_file(directory / "tokenizer.json")
+    from bertzoo.trainer.config import TrainConfig
+
+    limits = TrainConfig.from_dict(config["train"]).limits
+    ort_backend, torch_backend = OnnxRuntimeBackend(artifact), TorchBackend(model)
+    sentences = [SentenceExample(str(i), t, None) for i, t in enumerate(["a fine film", "dull", "it is what it is"])]
+    a = pipeline.predict(ort_backend, "sentiment", sentences, tokenizer, limits)
+    b = pipeline.predict(torch_backend, "sentiment", sentences, tokenizer, limits)
+    np.testing.assert_allclose(a, b, atol=1e-5)
+    pairs = [PairExample("0", "how do I cook rice", "what is the way to cook rice", None)]
+    np.testing.assert_allclose(pipeline.predict(ort_backend, "paraphrase", pairs, tokenizer, limits),
+                               pipeline.predict(torch_backend, "paraphrase", pairs, tokenizer, limits), atol=1e-5)
+
+
+def test_existing_output_is_refused_without_force(exported):
+    _, run, artifact = exported
+    with pytest.raises(ExportError, match="exists; pass --force"):
+        export_checkpoint(run, artifact, ExportOptions())
+
+
+def test_a_missed_parity_gate_fails_the_export_and_leaves_nothing(exported, monkeypatch, tmp_path):
+    from bertzoo.export import parity
+
+    _, run, _ = exported
+    monkeypatch.setitem(parity.BOUNDS, "fp32", parity.Bounds(tensor_max_abs=0.0, same_class=1.0, pearson_delta=0.0,
+                                                            f1_delta=0.0))
+    out = tmp_path / "art"
+    with pytest.raises(ExportError, match="fp32 parity failed: encoder max abs diff"):
+        export_checkpoint(run, out, ExportOptions(parity_limit=8))
+    assert not out.exists()
+    report = json.loads((tmp_path / "art.parity-failed.json").read_text())
+    assert report["fp32"]["passed"] is False
+    assert [p.name for p in tmp_path.iterdir()] == ["art.parity-failed.json"]  # no half-written directory left
+
+
+def test_cli_export_writes_an_artifact(exported, tmp_path):
+    from click.testing import CliRunner
+
+    from bertzoo.cli import main
+
+    _, run, _ = exported
+    result = CliRunner().invoke(main, ["export", str(run), "--out", str(tmp_path / "a"), "--parity-limit", "8"])
+    assert result.exit_code == 0, result.output
+    assert "fp32" in result.output and (tmp_path / "a" / MANIFEST).is_file()
+    assert Path(tmp_path / "a" / "encoder.onnx").is_file()
