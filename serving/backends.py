@@ -44,7 +44,10 @@ class OnnxRuntimeBackend:
 
     def __init__(self, directory: str | Path, variant: str = "fp32", threads: int | None = None,
                  providers: list[str] | None = None, manifest: dict | None = None, spinning: bool = True) -> None:
+        import onnx
         import onnxruntime as ort
+
+        from bertzoo.export.sparsegen_onnx import with_ort_formulation
 
         directory = Path(directory)
         self.manifest = manifest if manifest is not None else load_manifest(directory)
@@ -58,7 +61,10 @@ class OnnxRuntimeBackend:
         providers = providers or available_providers()
 
         def session(file: str) -> ort.InferenceSession:
-            return ort.InferenceSession(str(directory / file), sess_options=options, providers=providers)
+            # An SSAF graph's SparsegenLin function is swapped for the formulation that is fast on ORT (same result;
+            # see export/sparsegen_onnx.py). The file on disk, and its hash, stay as exported.
+            model = with_ort_formulation(onnx.load(str(directory / file)))
+            return ort.InferenceSession(model.SerializeToString(), sess_options=options, providers=providers)
 
         self._encoder = session(encoders[variant])
         self._heads = {task: session(spec["files"]["fp32"]) for task, spec in graphs.items() if task != "encoder"}

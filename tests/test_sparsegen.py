@@ -97,3 +97,35 @@ def test_fully_masked_row_is_zero_not_nan():
 def test_lambda_must_be_below_one():
     with pytest.raises(ValueError, match="lambda < 1"):
         sparsegen_lin(torch.randn(2, 3), lam=1.0)
+
+
+@pytest.mark.parametrize("scale", [0.3, 3.0, 1e4])
+@pytest.mark.parametrize("lam", [0.0, -3.0, 0.5])
+def test_onnx_function_bodies_match_torch(scale, lam):
+    """Both ONNX definitions of SparsegenLin (the generic TopK body the model carries, and the sort-free formulation
+    the ONNX Runtime backend swaps in) equal the torch reference, padded keys included."""
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper
+
+    from bertzoo.export.sparsegen_onnx import DOMAIN, OP_TYPE, function_proto, ort_function_proto
+
+    rng = np.random.default_rng(0)
+    scores = (rng.standard_normal((3, 2, 5, 37)) * scale).astype(np.float32)
+    mask = np.ones((3, 1, 1, 37), dtype=bool)
+    mask[1, ..., 20:] = False
+    mask[2, ..., 1:] = False
+    expected = sparsegen_lin(torch.from_numpy(scores), torch.from_numpy(mask), lam).numpy()
+    for function in (function_proto(18), ort_function_proto(18)):
+        node = helper.make_node(OP_TYPE, ["s", "m"], ["p"], domain=DOMAIN, **{"lambda": lam})
+        shape = ["b", "h", "q", "k"]
+        graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("s", TensorProto.FLOAT, shape),
+                                                helper.make_tensor_value_info("m", TensorProto.BOOL, ["b", 1, 1, "k"])],
+                                  [helper.make_tensor_value_info("p", TensorProto.FLOAT, shape)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, 1)],
+                                  functions=[function], ir_version=10)
+        onnx.checker.check_model(model, full_check=True)
+        got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, {"s": scores, "m": mask})[0]
+        np.testing.assert_allclose(got, expected, atol=1e-6)
+        assert (got[~np.broadcast_to(mask, got.shape)] == 0).all()
