@@ -68,6 +68,11 @@ def _parity_splits(train_config: TrainConfig, options: ExportOptions) -> dict[st
     return load_splits(config, "dev", options.parity_limit)
 
 
+class _EngineWithOrtHeads:
+    def __init__(self, encoder, heads) -> None:
+        self.encode, self.head = encoder.encode, heads.head
+
+
 def export_checkpoint(checkpoint: str | Path, out: str | Path, options: ExportOptions) -> dict:
     """Export and verify; returns the manifest. Raises ExportError / ParityError without touching ``out``."""
     out = Path(out)
@@ -143,6 +148,11 @@ def _export_into(work: Path, out: Path, model, train_config: TrainConfig, tokeni
             work / "encoder.onnx", trt_dir / "encoder.fp16.plan", batch_sizes=options.batch_sizes, seq_buckets=buckets,
             fp16=True, timing_cache_path=trt_dir / "timing.cache")
         graphs["encoder"]["files"]["tensorrt_fp16"] = "tensorrt/encoder.fp16.plan"
+        # The engine faces the same gates, at fp16 bounds: encoder on TensorRT, heads on ONNX Runtime as served.
+        engine_backend = _EngineWithOrtHeads(tensorrt.TensorRTBackend(trt_dir / "encoder.fp16.plan"),
+                                             OnnxRuntimeBackend(work, "fp32", manifest=draft))
+        parity_reports["tensorrt_fp16"] = parity.check(model, engine_backend, "fp16", splits, tokenizer,
+                                                       train_config.limits)
     if options.triton:
         from . import triton_repo
 
