@@ -1,1 +1,6 @@
-"""Serving (issue 4): the gRPC server, dynamic batcher, backends and metrics. Not built yet."""
+"""Serving (issue 4): ``bertzoo serve`` runs a gRPC server for an exported model (ONNX Runtime) or a checkpoint
+(PyTorch), with a dynamic batcher in front of the encoder and Prometheus metrics. See serving/README.md.
+
+Layers, each knowing only the one below: transport (grpc_server, servicer, interceptors) -> core (tasks_service:
+validation, tokenization, post-processing; batcher: queue and batches; engine: one batch on a backend) -> backends.
+"""

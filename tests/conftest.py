@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from bertzoo.datafiles import samples_dir
@@ -35,3 +37,35 @@ def tiny_train_config(tmp_path):
 @pytest.fixture(scope="session")
 def samples():
     return samples_dir()
+
+
+@pytest.fixture(scope="session")
+def tiny_artifact(tmp_path_factory):
+    """(run dir, artifact dir) of a tiny random model trained 4 steps and exported (fp32 graphs): built once per
+    session for the serving tests (about 15 s)."""
+    from bertzoo.export.exporter import ExportOptions, export_checkpoint
+    from bertzoo.trainer.config import TrainConfig
+    from bertzoo.trainer.train import train
+
+    root = tmp_path_factory.mktemp("served")
+    config = TrainConfig(out_dir=str(root / "run"), random_init=True, encoder_overrides=dict(TINY_ENCODER),
+                         limit_per_task=16, batch_size=4, max_steps=4, lr=1e-3, qa_max_length=128, qa_doc_stride=32,
+                         progress=False, eval_every_epoch=False)
+    train(config)
+    export_checkpoint(root / "run", root / "artifact", ExportOptions(parity_limit=8))
+    return root / "run", root / "artifact"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_config(model_dir, **overrides):
+    """A ServeConfig for tests: loopback, any free port, no metrics endpoint, one backend thread without spinning
+    (the tests share 2 cores)."""
+    from bertzoo.serving.config import ServeConfig
+
+    return ServeConfig(str(model_dir), **{"host": "127.0.0.1", "port": 0, "metrics_port": 0, "threads": 1,
+                                          "ort_spinning": False, **overrides})

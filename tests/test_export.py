@@ -179,3 +179,22 @@ def test_cli_export_writes_an_artifact(exported, tmp_path):
     assert result.exit_code == 0, result.output
     assert "fp32" in result.output and (tmp_path / "a" / MANIFEST).is_file()
     assert Path(tmp_path / "a" / "encoder.onnx").is_file()
+
+
+@pytest.mark.slow
+def test_int8_minilm_stays_within_its_accuracy_bounds_on_real_dev_examples(tmp_path):
+    """The real MiniLM encoder, quantized: the int8 gate is measured on the bundled dev rows (real SST and STS
+    sentences), and the int8 encoder really differs from fp32 (so the gate measured something)."""
+    from bertzoo.export import parity
+    from bertzoo.trainer.config import TrainConfig
+
+    config = TrainConfig(out_dir=str(tmp_path / "run"), tasks=("sentiment", "similarity"), limit_per_task=8,
+                         batch_size=4, max_steps=2, progress=False, eval_every_epoch=False)
+    train(config)
+    manifest = export_checkpoint(tmp_path / "run", tmp_path / "artifact", ExportOptions(int8=True, parity_limit=40))
+    report = manifest["parity"]["int8"]
+    assert report["passed"] and report["bounds"] == parity.BOUNDS["int8"].__dict__
+    assert report["tasks"]["sentiment"]["same_class"] >= 0.95 and report["tasks"]["sentiment"]["n"] == 40
+    assert report["tasks"]["similarity"]["pearson_delta"] <= 0.02
+    assert 1e-4 < report["tensor_max_abs"]["encoder"] < 1.0
+    assert manifest["parity"]["fp32"]["tensor_max_abs"]["encoder"] < 1e-3

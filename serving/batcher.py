@@ -1,0 +1,307 @@
+"""The dynamic batcher: one queue in front of the encoder, shared by every RPC and task.
+
+A request becomes :class:`~bertzoo.serving.engine.Work` items (a sentence, a pair, a QA item's windows); each item
+is queued under the length bucket of its longest sequence, and a batch is cut from one bucket at a time:
+
+- **Which bucket**: the one holding the oldest waiting item, so no request starves behind a busier bucket.
+- **How much**: that bucket's items, oldest first, while the batch stays within ``max_batch_size`` sequences and
+  ``max_batch_tokens`` padded tokens (rows x bucket length). An item is never split, so a QA item with more windows
+  than a batch allows runs alone.
+- **When**: at once when the model is idle (``max_queue_delay_ms`` > 0 lets an idle model wait that long for a
+  fuller batch). While a batch runs, the next one is cut and padded as soon as a full batch is waiting, so the
+  worker starts it the moment it is free; otherwise it is cut when the worker frees, taking everything that came
+  meanwhile.
+
+The model runs on one worker thread, never on the event loop. Cancelled requests (their future is cancelled when
+the RPC is) leave the queue at once, and a request whose deadline has passed is dropped when its turn comes: neither
+reaches the model. A request finds the queue full (``max_queue`` requests waiting) -> :class:`QueueFull` at once.
+A backend error fails the requests in that batch only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from .config import BatchSettings
+from .engine import Work, prepare_inputs
+from .errors import BackendFailure, DeadlineExceeded, QueueFull, Unavailable
+from .metrics import Metrics
+
+log = logging.getLogger("bertzoo.serving")
+
+# Runs one batch on the worker thread: (works, padded inputs) -> one output per work.
+BatchRunner = Callable[[Sequence[Work], dict], list]
+MAX_BATCHES_IN_FLIGHT = 2  # one running on the worker, one cut and padded, waiting for it
+
+
+@dataclass(eq=False)
+class Job:
+    """One request's items on their way through the batcher; ``future`` resolves to one output per item."""
+
+    works: Sequence[Work]
+    deadline: float | None  # event-loop time
+    future: asyncio.Future
+    submitted: float = field(default_factory=time.perf_counter)
+    first_start: float | None = None  # when the first batch carrying this job started on the worker
+    last_end: float | None = None
+    outputs: list = field(default_factory=list)
+    remaining: int = 0  # items without an output yet
+    queued: int = 0  # items still in the queue
+    buckets: set[int] = field(default_factory=set)
+
+
+@dataclass(eq=False)
+class _Item:
+    job: Job
+    index: int  # position in job.works
+    bucket: int
+    order: int  # arrival order: the oldest item picks the next batch's bucket
+    enqueued: float  # event-loop time, for the queue delay
+
+    @property
+    def rows(self) -> int:
+        return len(self.job.works[self.index].rows)
+
+
+@dataclass
+class _Batch:
+    items: list[_Item]
+    bucket: int
+    inputs: dict
+    rows: int
+
+
+class Batcher:
+    def __init__(self, run: BatchRunner, bucket_for: Callable[[int], int], pad_id: int, settings: BatchSettings,
+                 metrics: Metrics) -> None:
+        self._run = run
+        self._bucket_for = bucket_for
+        self._pad_id = pad_id
+        self._settings = settings
+        self._metrics = metrics
+        self._queues: dict[int, deque[_Item]] = {}
+        self._bucket_rows: dict[int, int] = {}
+        self._waiting_jobs = 0
+        self._waiting_rows = 0
+        self._in_flight = 0  # batches handed to the worker and not finished
+        self._closing = False
+        self._closed = False
+        self._arrivals = itertools.count()
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._executor: ThreadPoolExecutor | None = None
+        self._scheduler: asyncio.Task | None = None
+        self._batch_tasks: set[asyncio.Task] = set()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start scheduling; call from the event loop the server runs on."""
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bertzoo-model")
+        self._scheduler = asyncio.get_running_loop().create_task(self._schedule(), name="bertzoo-batcher")
+
+    async def close(self, timeout: float | None = None) -> None:
+        """Refuse new requests, let queued and running ones finish (up to ``timeout`` seconds), then stop."""
+        if self._closed:
+            return
+        self._closing = True
+        self._wake.set()
+        if self._scheduler is None:
+            self._closed = True
+            return
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            log.warning("batcher: %d requests still queued at shutdown; failing them", self._waiting_jobs)
+        for queue in self._queues.values():
+            for item in queue:
+                if not item.job.future.done():
+                    item.job.future.set_exception(Unavailable("the server shut down", reason="shutdown"))
+        self._scheduler.cancel()
+        await asyncio.gather(self._scheduler, *self._batch_tasks, return_exceptions=True)
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+        self._closed = True
+
+    # ------------------------------------------------------------------ requests
+
+    def check_room(self) -> None:
+        """Raise what :meth:`submit` would raise now for lack of room: lets a caller refuse before tokenizing."""
+        if self._closing:
+            raise Unavailable("the server is shutting down", reason="shutdown")
+        if self._waiting_jobs >= self._settings.max_queue:
+            raise QueueFull(f"the server's queue is full ({self._settings.max_queue} requests waiting); retry later")
+
+    def submit(self, works: Sequence[Work], timeout: float | None = None) -> Job:
+        """Queue a request's items; await ``job.future`` for their outputs. ``timeout``: seconds the client still
+        waits (its deadline), after which the request is dropped instead of run."""
+        self.check_room()
+        if not works:
+            raise ValueError("a request needs at least one item")
+        loop = asyncio.get_running_loop()
+        job = Job(works, None if timeout is None else loop.time() + timeout, loop.create_future(),
+                  outputs=[None] * len(works), remaining=len(works), queued=len(works))
+        now = loop.time()
+        for index, work in enumerate(works):
+            bucket = self._bucket_for(work.longest)
+            self._queues.setdefault(bucket, deque()).append(_Item(job, index, bucket, next(self._arrivals), now))
+            self._bucket_rows[bucket] = self._bucket_rows.get(bucket, 0) + len(work.rows)
+            self._waiting_rows += len(work.rows)
+            job.buckets.add(bucket)
+        self._waiting_jobs += 1
+        job.future.add_done_callback(lambda f: self._forget(job) if f.cancelled() or f.exception() else None)
+        self._changed()
+        return job
+
+    def _forget(self, job: Job) -> None:
+        """Take a cancelled or failed job's waiting items out of the queue (its running items finish unused)."""
+        if job.queued == 0:
+            return
+        for bucket in job.buckets:
+            queue = self._queues[bucket]
+            kept = [item for item in queue if item.job is not job]
+            for item in queue:
+                if item.job is job:
+                    self._unqueue(item)
+            queue.clear()  # in place: _take may be iterating over this very deque
+            queue.extend(kept)
+        self._changed()
+
+    def _unqueue(self, item: _Item) -> None:
+        self._bucket_rows[item.bucket] -= item.rows
+        self._waiting_rows -= item.rows
+        item.job.queued -= 1
+        if item.job.queued == 0:
+            self._waiting_jobs -= 1
+
+    def _changed(self) -> None:
+        self._metrics.queue_depth.set(self._waiting_jobs)
+        self._metrics.queue_sequences.set(self._waiting_rows)
+        if self._waiting_rows or self._in_flight:
+            self._idle.clear()  # close() must not see a stale "idle" from before this work arrived
+        self._wake.set()
+
+    # ------------------------------------------------------------------ scheduling (event loop)
+
+    async def _schedule(self) -> None:
+        while True:
+            self._wake.clear()
+            timeout = self._dispatch_ready()
+            if self._waiting_rows == 0 and self._in_flight == 0:
+                self._idle.set()
+            else:
+                self._idle.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass  # the queue delay of the oldest item ran out
+
+    def _is_full(self, bucket: int) -> bool:
+        rows = self._bucket_rows.get(bucket, 0)
+        return rows >= self._settings.max_batch_size or rows * bucket >= self._settings.max_batch_tokens
+
+    def _oldest(self) -> _Item:
+        return min((q[0] for q in self._queues.values() if q), key=lambda item: item.order)
+
+    def _dispatch_ready(self) -> float | None:
+        """Hand the worker every batch it should get now; returns how long to sleep (None: until woken)."""
+        loop = asyncio.get_running_loop()
+        while self._waiting_rows and self._in_flight < MAX_BATCHES_IN_FLIGHT:
+            oldest = self._oldest()
+            full = self._is_full(oldest.bucket)
+            if self._in_flight and not full:
+                return None  # the worker is busy: wait for it, collecting more items meanwhile
+            delay = self._settings.max_queue_delay_ms / 1000.0
+            if not self._in_flight and not full and delay > 0 and not self._closing:
+                left = oldest.enqueued + delay - loop.time()
+                if left > 0:
+                    return left
+            items = self._take(oldest.bucket, loop.time())
+            if items:
+                self._launch(items, oldest.bucket)
+        return None
+
+    def _take(self, bucket: int, now: float) -> list[_Item]:
+        queue, settings = self._queues[bucket], self._settings
+        taken: list[_Item] = []
+        rows = 0
+        while queue:
+            item = queue[0]
+            job = item.job
+            if job.future.done():  # cancelled or failed, and its done-callback has not run yet
+                self._forget(job)
+                continue
+            if job.deadline is not None and now >= job.deadline:
+                job.future.set_exception(DeadlineExceeded("the deadline passed while the request was queued"))
+                self._forget(job)
+                continue
+            if taken and (rows + item.rows > settings.max_batch_size
+                          or (rows + item.rows) * bucket > settings.max_batch_tokens):
+                break
+            queue.popleft()
+            self._unqueue(item)
+            taken.append(item)
+            rows += item.rows
+        self._changed()
+        return taken
+
+    def _launch(self, items: list[_Item], bucket: int) -> None:
+        works = [item.job.works[item.index] for item in items]
+        batch = _Batch(items, bucket, prepare_inputs(works, bucket, self._pad_id), sum(i.rows for i in items))
+        self._in_flight += 1
+        task = asyncio.get_running_loop().create_task(self._execute(batch))
+        self._batch_tasks.add(task)
+        task.add_done_callback(self._batch_tasks.discard)
+
+    # ------------------------------------------------------------------ running (worker thread)
+
+    def _compute(self, batch: _Batch) -> tuple[list, float, float]:
+        started = time.perf_counter()
+        outputs = self._run([item.job.works[item.index] for item in batch.items], batch.inputs)
+        return outputs, started, time.perf_counter()
+
+    async def _execute(self, batch: _Batch) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            outputs, started, ended = await loop.run_in_executor(self._executor, self._compute, batch)
+            if len(outputs) != len(batch.items):
+                raise RuntimeError(f"the batch runner gave {len(outputs)} outputs for {len(batch.items)} items")
+        except asyncio.CancelledError:
+            self._fail(batch, Unavailable("the server shut down", reason="shutdown"))
+            raise
+        except Exception as e:  # the backend failed: only this batch's requests fail
+            log.exception("batch of %d sequences (bucket %d) failed", batch.rows, batch.bucket)
+            self._fail(batch, BackendFailure(f"the model failed on this request's batch ({type(e).__name__})"))
+        else:
+            self._deliver(batch, outputs, started, ended)
+            self._metrics.batch_seconds.observe(ended - started)
+            self._metrics.batch_size.observe(batch.rows)
+            self._metrics.batch_tokens.observe(batch.rows * batch.bucket)
+        finally:
+            self._in_flight -= 1
+            self._wake.set()
+
+    def _deliver(self, batch: _Batch, outputs: list, started: float, ended: float) -> None:
+        for item, output in zip(batch.items, outputs, strict=True):
+            job = item.job
+            job.first_start = started if job.first_start is None else min(job.first_start, started)
+            job.last_end = ended if job.last_end is None else max(job.last_end, ended)
+            if job.future.done():  # cancelled while its batch ran: the result is dropped
+                continue
+            job.outputs[item.index] = output
+            job.remaining -= 1
+            if job.remaining == 0:
+                job.future.set_result(job.outputs)
+
+    @staticmethod
+    def _fail(batch: _Batch, error: Exception) -> None:
+        for item in batch.items:
+            if not item.job.future.done():
+                item.job.future.set_exception(error)

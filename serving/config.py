@@ -1,0 +1,85 @@
+"""The server's settings, in one validated dataclass. ``bertzoo serve`` fills it from flags and their ``BERTZOO_*``
+environment-variable mirrors and logs it (token redacted) at start."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BACKENDS = ("onnxruntime", "torch")
+OVERLONG_POLICIES = ("truncate", "reject")
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """How the dynamic batcher forms encoder batches (see serving/batcher.py)."""
+
+    max_batch_size: int = 64  # sequences (encoder rows) per batch
+    max_batch_tokens: int = 16384  # rows x padded length per batch: the real compute, padding included
+    max_queue: int = 256  # requests waiting for the encoder; one more is answered RESOURCE_EXHAUSTED
+    max_queue_delay_ms: float = 0.0  # how long an idle model waits for a fuller batch; 0: never
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_size", "max_batch_tokens", "max_queue"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_queue_delay_ms < 0:
+            raise ValueError(f"max_queue_delay_ms must be >= 0, got {self.max_queue_delay_ms}")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    model_dir: str  # an export artifact (onnxruntime) or a checkpoint / run directory (torch)
+    backend: str = "onnxruntime"
+    variant: str = "fp32"  # onnxruntime encoder variant: fp32, optimized or int8
+    threads: int | None = None  # intra-op threads of the backend; None: all cores
+    ort_spinning: bool = True  # ORT worker threads spin between ops: lower latency, busier idle CPU
+    host: str = "0.0.0.0"
+    port: int = 50051  # 0: pick a free port (tests)
+    metrics_host: str = "127.0.0.1"  # the metrics endpoint is local unless asked otherwise
+    metrics_port: int = 9400  # 0: no metrics endpoint
+    max_items: int = 64  # items per request
+    max_text_chars: int = 20000  # characters per text (QA contexts included); longer is always rejected
+    overlong: str = "truncate"  # a text over its token limit: "truncate" (as in training) or "reject"
+    batch: BatchSettings = field(default_factory=BatchSettings)
+    tls_cert: str | None = None  # PEM certificate chain; with tls_key, the server speaks TLS only
+    tls_key: str | None = None
+    auth_token: str | None = field(default=None, repr=False)  # clients must send "authorization: Bearer <token>"
+    shutdown_grace: float = 30.0  # seconds in-flight requests get to finish after SIGTERM
+    tokenize_threads: int = 1
+    warmup: bool = True  # run every length bucket once before reporting SERVING
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.overlong not in OVERLONG_POLICIES:
+            raise ValueError(f"overlong must be one of {OVERLONG_POLICIES}, got {self.overlong!r}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("TLS needs both a certificate and its key (tls_cert and tls_key)")
+        for path in (self.tls_cert, self.tls_key):
+            if path is not None and not Path(path).is_file():
+                raise ValueError(f"TLS file not found: {path}")
+        if self.auth_token is not None and not self.auth_token.strip():
+            raise ValueError("auth_token is empty; leave it unset to turn authentication off")
+        for name in ("max_items", "max_text_chars", "tokenize_threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("port", "metrics_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise ValueError(f"{name} must be a TCP port (0-65535), got {getattr(self, name)}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.shutdown_grace < 0:
+            raise ValueError(f"shutdown_grace must be >= 0, got {self.shutdown_grace}")
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
+
+    def for_log(self) -> dict:
+        """The effective settings as a flat dict, the token replaced by whether one is set."""
+        values = dataclasses.asdict(self)
+        values.update(values.pop("batch"))
+        values["auth_token"] = "<set>" if self.auth_token else None
+        return values

@@ -1,0 +1,97 @@
+"""One encoder batch on a backend: pad the sequences to the batch's length bucket, run the encoder once over all of
+them (whatever task each comes from), then each task's head on the rows of that task.
+
+Heads get exactly the inputs ``bertzoo.pipeline.predict`` gives them (states trimmed to each sequence and padded
+again with ``pipeline.pad_states``), so a served answer equals the evaluated one. This module is pure computation;
+the batcher decides what goes into a batch and calls :func:`run_batch` on its worker thread.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from bertzoo.pipeline import PAIR_TASKS, Backend, pad_states
+from bertzoo.tokenization import Encoding, QAWindow, pad_batch
+
+Row = Encoding | QAWindow
+EMBED = "embed"  # not a head: pooled encoder states
+
+
+@dataclass(frozen=True)
+class Work:
+    """Sequences that must share one encoder pass: a sentence (sentiment, embed), a pair's two sentences
+    (paraphrase, similarity: ``rows == (a, b)``) or all windows of one QA item."""
+
+    task: str
+    rows: tuple[Row, ...]
+
+    @property
+    def longest(self) -> int:
+        return max(len(r.input_ids) for r in self.rows)
+
+
+def prepare_inputs(works: Sequence[Work], width: int, pad_id: int) -> dict[str, np.ndarray]:
+    """Encoder inputs [rows, width] (int64): every row of every work, in order, right-padded to ``width``."""
+    rows = [r for w in works for r in w.rows]
+    batch = pad_batch(rows, pad_id)
+    extra = width - batch["input_ids"].shape[1]
+    if extra > 0:  # pad to the bucket, not just the longest row: a few fixed shapes instead of one per length
+        batch = {k: np.pad(v, ((0, 0), (0, extra)), constant_values=pad_id if k == "input_ids" else 0)
+                 for k, v in batch.items()}
+    return batch
+
+
+def pool_embeddings(states: np.ndarray, mask: np.ndarray, pooling: str) -> np.ndarray:
+    """Sentence embeddings [n, h]: the model's pooling ([CLS], or the mean over real tokens), L2-normalised."""
+    if pooling == "cls":
+        pooled = states[:, 0].astype(np.float64)
+    else:
+        weights = mask[..., None].astype(np.float64)
+        pooled = (states * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1.0)
+    norms = np.linalg.norm(pooled, axis=-1, keepdims=True)
+    return (pooled / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
+def run_batch(backend: Backend, works: Sequence[Work], inputs: dict[str, np.ndarray], pooling: str) -> list[object]:
+    """One output per work, in order. sentiment: logits [labels]; paraphrase / similarity: the head's scalar;
+    qa: (start logits, end logits), one array per window trimmed to its length; embed: a unit vector [h]."""
+    states = backend.encode(inputs)
+    mask = inputs["attention_mask"]
+    first_row = np.cumsum([0] + [len(w.rows) for w in works])[:-1]
+
+    def trimmed(row: int) -> tuple[np.ndarray, np.ndarray]:
+        n = int(mask[row].sum())  # right padding: the real tokens are the first n
+        return states[row, :n], mask[row, :n]
+
+    by_task: dict[str, list[int]] = defaultdict(list)
+    for i, work in enumerate(works):
+        by_task[work.task].append(i)
+    outputs: list[object] = [None] * len(works)
+    for task, members in by_task.items():
+        rows = [int(first_row[i]) for i in members]
+        if task == EMBED:
+            results: Sequence[object] = list(pool_embeddings(states[rows], mask[rows], pooling))
+        elif task in PAIR_TASKS:
+            states_a, mask_a = pad_states([trimmed(r) for r in rows])
+            states_b, mask_b = pad_states([trimmed(r + 1) for r in rows])
+            head = backend.head(task, {"states_a": states_a, "mask_a": mask_a, "states_b": states_b, "mask_b": mask_b})
+            results = [float(x) for x in np.asarray(head[0]).reshape(-1)]
+        elif task == "qa":
+            window_rows = [r + k for i, r in zip(members, rows, strict=True) for k in range(len(works[i].rows))]
+            start, end = backend.head("qa", {"states": states[window_rows], "mask": mask[window_rows]})
+            results, k = [], 0
+            for i in members:
+                lengths = [len(w.input_ids) for w in works[i].rows]
+                results.append(([start[k + j, :n] for j, n in enumerate(lengths)],
+                                [end[k + j, :n] for j, n in enumerate(lengths)]))
+                k += len(lengths)
+        else:  # a sentence head (sentiment)
+            results = list(backend.head(task, dict(zip(("states", "mask"), pad_states([trimmed(r) for r in rows]),
+                                                       strict=True)))[0])
+        for i, result in zip(members, results, strict=True):
+            outputs[i] = result
+    return outputs

@@ -1,0 +1,52 @@
+"""Errors of the serving core, one per way a request can fail, each naming its gRPC status code.
+
+The core (batcher, task service) raises these and knows nothing of gRPC; the transport (grpc_server.py) turns each
+into its status code and message, and the metrics count failures by ``code`` and ``reason``.
+"""
+
+from __future__ import annotations
+
+
+class ServingError(Exception):
+    """A request failed; ``str(error)`` is the message for the client."""
+
+    code = "INTERNAL"  # a grpc.StatusCode name
+    reason = "internal"  # a short, fixed label for the failure counter (never user input: label cardinality)
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        if reason is not None:
+            self.reason = reason
+
+
+class InvalidRequest(ServingError):
+    """Bad input; the message names the field (``texts[3]``) and the limit it broke."""
+
+    code = "INVALID_ARGUMENT"
+    reason = "invalid_argument"
+
+
+class QueueFull(ServingError):
+    code = "RESOURCE_EXHAUSTED"
+    reason = "queue_full"
+
+
+class Unavailable(ServingError):
+    """The model is not loaded yet, or the server is shutting down."""
+
+    code = "UNAVAILABLE"
+    reason = "unavailable"
+
+
+class DeadlineExceeded(ServingError):
+    """The request's deadline passed while it waited; it was dropped before any compute."""
+
+    code = "DEADLINE_EXCEEDED"
+    reason = "deadline"
+
+
+class BackendFailure(ServingError):
+    """The backend raised on a batch; every request with an item in that batch fails with this."""
+
+    code = "INTERNAL"
+    reason = "backend"

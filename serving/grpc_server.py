@@ -1,0 +1,231 @@
+"""The gRPC transport and the server's life: listen (TLS or plaintext, optional bearer-token auth), serve
+bertzoo.v1.Bertzoo with the standard health and reflection services, load and warm up the model, then drain on
+SIGTERM.
+
+Life of a server:
+
+1. ``start``: bind the port and the metrics endpoint; health reports NOT_SERVING, task RPCs answer UNAVAILABLE.
+2. ``load``: load the model (an artifact's file hashes are checked), run it once per length bucket, start the
+   batcher; only then does health report SERVING.
+3. ``stop`` (SIGTERM or SIGINT under :func:`serve`): health goes NOT_SERVING, new calls are refused, calls already
+   accepted finish (up to ``shutdown_grace`` seconds), then the batcher, the worker threads and the metrics endpoint
+   stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from .batcher import Batcher
+from .config import ServeConfig
+from .engine import run_batch
+from .interceptors import BearerTokenInterceptor, MalformedRequestInterceptor
+from .metrics import Metrics
+from .model import ServedModel, load_served_model, runtime_versions, warm_up
+from .proto import SERVICE_NAME, pb2_grpc
+from .servicer import BertzooServicer
+from .tasks_service import TaskService
+
+log = logging.getLogger("bertzoo.serving")
+
+ModelLoader = Callable[[ServeConfig], ServedModel]
+# Load balancers and orchestrators probe health without credentials.
+OPEN_METHODS = (f"/{health.SERVICE_NAME}/Check", f"/{health.SERVICE_NAME}/Watch")
+METHOD_TASKS = {"Sentiment": "sentiment", "Paraphrase": "paraphrase", "Similarity": "similarity", "QA": "qa",
+                "Embed": "embed", "ModelInfo": "model_info"}
+SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+class BertzooServer:
+    def __init__(self, config: ServeConfig, loader: ModelLoader = load_served_model,
+                 metrics: Metrics | None = None) -> None:
+        """``loader`` builds the served model from the config (tests wrap the backend through it)."""
+        self.config = config
+        self.metrics = metrics if metrics is not None else Metrics()
+        self.port: int | None = None
+        self.metrics_port: int | None = None
+        self._loader = loader
+        self._server: grpc.aio.Server | None = None
+        self._health: health.aio.HealthServicer | None = None
+        self._batcher: Batcher | None = None
+        self._service: TaskService | None = None
+
+    def _count_refused(self, method: str, code: grpc.StatusCode, reason: str) -> None:
+        """Metrics for a call an interceptor refused before it reached the servicer."""
+        task = METHOD_TASKS.get(method.rsplit("/", 1)[-1], "other")
+        self.metrics.requests.labels(task, code.name).inc()
+        self.metrics.failures.labels(task, code.name, reason).inc()
+
+    async def start(self) -> None:
+        """Listen, with health NOT_SERVING until :meth:`load` is done."""
+        config = self.config
+        interceptors: list[grpc.aio.ServerInterceptor] = []
+        if config.auth_token:
+            interceptors.append(BearerTokenInterceptor(config.auth_token, OPEN_METHODS, self._count_refused))
+        interceptors.append(MalformedRequestInterceptor(SERVICE_NAME, self._count_refused))
+        # SO_REUSEPORT off: a second server on a busy port must fail, not silently share it.
+        server = grpc.aio.server(interceptors=interceptors, options=[("grpc.so_reuseport", 0)])
+        servicer = BertzooServicer(lambda: self._service, config, self.metrics, runtime_versions(config.backend))
+        pb2_grpc.add_BertzooServicer_to_server(servicer, server)
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        address = _address(config.host, config.port)
+        try:
+            if config.tls:
+                assert config.tls_cert is not None and config.tls_key is not None
+                credentials = grpc.ssl_server_credentials([(Path(config.tls_key).read_bytes(),
+                                                            Path(config.tls_cert).read_bytes())])
+                self.port = server.add_secure_port(address, credentials)
+            else:
+                self.port = server.add_insecure_port(address)
+        except RuntimeError as e:  # grpc's way of saying the address is taken or invalid
+            raise OSError(f"could not listen on {address}: {e}") from e
+        if not self.port:
+            raise OSError(f"could not listen on {address}")
+        for service in ("", SERVICE_NAME):
+            await self._health.set(service, NOT_SERVING)
+        await server.start()
+        self._server = server
+        if config.metrics_port:
+            self.metrics_port = self.metrics.serve(config.metrics_host, config.metrics_port)
+        log.info("listening on %s (%s%s); health NOT_SERVING until the model is ready",
+                 _address(config.host, self.port), "TLS" if config.tls else "plaintext",
+                 ", bearer-token auth" if config.auth_token else "")
+
+    async def load(self) -> None:
+        """Load and warm up the model (on a thread: the event loop keeps answering health), then report SERVING."""
+        assert self._health is not None, "start() first"
+        config = self.config
+        served = await asyncio.to_thread(self._loader, config)
+        if config.warmup:
+            await asyncio.to_thread(warm_up, served)
+        backend, pooling = served.backend, served.spec.pooling
+        self._batcher = Batcher(lambda works, inputs: run_batch(backend, works, inputs, pooling),
+                                served.spec.bucket_for, served.tokenizer.pad_id, config.batch, self.metrics)
+        self._batcher.start()
+        self._service = TaskService(served, self._batcher, config, self.metrics)
+        for service in ("", SERVICE_NAME):
+            await self._health.set(service, SERVING)
+        log.info("ready: health SERVING")
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop accepting calls, let accepted ones finish (up to ``grace`` seconds; None: the configured
+        shutdown_grace), then stop everything."""
+        grace = self.config.shutdown_grace if grace is None else grace
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
+        if self._server is not None:
+            await self._server.stop(grace)  # returns once every accepted call has finished, or grace ran out
+        if self._batcher is not None:
+            await self._batcher.close(timeout=1.0)  # the calls are done: only cancelled leftovers can remain
+        if self._service is not None:
+            self._service.close()
+        self.metrics.close()
+        log.info("stopped")
+
+
+async def serve(config: ServeConfig, loader: ModelLoader = load_served_model) -> None:
+    """Run a server until SIGTERM or SIGINT, then drain it (``bertzoo serve``)."""
+    log.info("effective config: %s", json.dumps(config.for_log(), sort_keys=True))
+    loop = asyncio.get_running_loop()
+    stop_requested = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop_requested.set)
+    server = BertzooServer(config, loader)
+    loading: asyncio.Task | None = None
+    try:
+        await server.start()
+        loading = asyncio.create_task(server.load())
+        stopping = asyncio.create_task(stop_requested.wait())
+        await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if loading.done():
+            loading.result()  # a failed load ends the server with its error
+        await stopping
+        log.info("stop signal: refusing new calls, finishing accepted ones (up to %.0f s)", config.shutdown_grace)
+    finally:
+        if loading is not None and not loading.done():
+            loading.cancel()
+        await server.stop()
+
+
+class ServerThread:
+    """A :class:`BertzooServer` on its own event loop in a background thread (tests, notebooks, embedding)::
+
+        with ServerThread(ServeConfig(artifact, port=0, metrics_port=0)) as running:
+            client = BertzooClient(f"127.0.0.1:{running.port}")
+    """
+
+    def __init__(self, config: ServeConfig, loader: ModelLoader = load_served_model) -> None:
+        self.server = BertzooServer(config, loader)
+        self._thread = threading.Thread(target=self._main, name="bertzoo-server", daemon=True)
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_requested: asyncio.Event | None = None
+        self._grace: float | None = None
+
+    @property
+    def port(self) -> int:
+        assert self.server.port is not None
+        return self.server.port
+
+    @property
+    def metrics(self) -> Metrics:
+        return self.server.metrics
+
+    def _main(self) -> None:
+        asyncio.run(self._run())
+
+    async def _run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop_requested = asyncio.Event()
+        try:
+            await self.server.start()
+            await self.server.load()
+        except BaseException as e:
+            self._error = e
+            self._ready.set()
+            await self.server.stop(0)
+            return
+        self._ready.set()
+        await self._stop_requested.wait()
+        await self.server.stop(self._grace)
+
+    def start(self, timeout: float = 120.0) -> ServerThread:
+        """Start and wait until the model is ready (health SERVING); raises the load error if there was one."""
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError(f"the server was not ready after {timeout} s")
+        if self._error is not None:
+            self._thread.join()
+            raise self._error
+        return self
+
+    def stop(self, grace: float | None = None) -> None:
+        """Drain and stop (see :meth:`BertzooServer.stop`); blocks until done."""
+        if self._loop is not None and self._stop_requested is not None and self._thread.is_alive():
+            self._grace = grace
+            self._loop.call_soon_threadsafe(self._stop_requested.set)
+        if self._thread.ident is not None:  # started
+            self._thread.join()
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

@@ -1,0 +1,141 @@
+"""``bertzoo bench-serve``: drive a running server with N concurrent clients sending real sentences, for a fixed time
+or a fixed number of requests, and report throughput, latency percentiles and errors by status code.
+
+Each client is a coroutine with a channel (a connection) of its own that sends its next request as soon as the last
+one is answered (a closed loop), so throughput and latency are measured at exactly N requests in flight. The load
+generator runs in Python: on a small machine, give it cores of its own, or it measures itself too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+from .client import auth_metadata, channel_credentials
+from .proto import pb2, pb2_grpc
+
+LOAD_TASKS = ("sentiment", "paraphrase", "similarity", "qa", "embed")
+
+
+def load_items(task: str, data: str | Path | None = None) -> list:
+    """Inputs for ``task`` from a data file (sentiment / embed: CS224N ``ids-sst-*.csv`` or GLUE ``.tsv``;
+    paraphrase: ``quora-*.csv``; similarity: ``sts-*.csv``; qa: SQuAD ``.json``), by default the bundled dev sample.
+    Texts for sentence tasks, (a, b) for pair tasks, (question, context) for QA."""
+    from bertzoo import data as D
+    from bertzoo.datafiles import load_split, samples_dir
+
+    if data is None:
+        examples = load_split(samples_dir(), "sentiment" if task == "embed" else task, "dev")
+    elif task in ("sentiment", "embed"):
+        path = Path(data)
+        examples = D.read_glue_sst2(path) if path.suffix == ".tsv" else D.read_cs224n_sentiment(path)
+    elif task in ("paraphrase", "similarity"):
+        examples = D.read_cs224n_pairs(data, "is_duplicate" if task == "paraphrase" else "similarity")
+    else:
+        examples = D.read_squad(data)
+    if task == "qa":
+        items = [(e.question, e.context) for e in examples]
+    elif task in ("paraphrase", "similarity"):
+        items = [(e.text_a, e.text_b) for e in examples]
+    else:
+        items = [e.text for e in examples]
+    if not items:
+        raise ValueError(f"no {task} examples in {data or 'the bundled samples'}")
+    return items
+
+
+def _request(task: str, items: Sequence):
+    if task in ("sentiment", "embed"):
+        return (pb2.SentimentRequest if task == "sentiment" else pb2.EmbedRequest)(texts=items)
+    if task == "qa":
+        return pb2.QARequest(items=[pb2.QAItem(question=q, context=c) for q, c in items])
+    pairs = [pb2.TextPair(text_a=a, text_b=b) for a, b in items]
+    return (pb2.ParaphraseRequest if task == "paraphrase" else pb2.SimilarityRequest)(pairs=pairs)
+
+
+@dataclass
+class LoadReport:
+    task: str
+    concurrency: int
+    items_per_request: int
+    seconds: float = 0.0
+    latencies: list[float] = field(default_factory=list)  # seconds, successful requests only
+    codes: Counter = field(default_factory=Counter)  # status code name -> requests
+
+    def summary(self) -> dict:
+        ok = self.codes.get("OK", 0)
+        lat = np.asarray(self.latencies) * 1000.0
+        pct = dict(zip(("p50_ms", "p95_ms", "p99_ms"), np.percentile(lat, (50, 95, 99)).tolist() if ok else [None] * 3,
+                       strict=True))
+        return {
+            "task": self.task, "concurrency": self.concurrency, "items_per_request": self.items_per_request,
+            "seconds": round(self.seconds, 3), "requests": sum(self.codes.values()), "ok": ok,
+            "errors": {code: n for code, n in self.codes.items() if code != "OK"},
+            "requests_per_s": ok / self.seconds if self.seconds else 0.0,
+            "items_per_s": ok * self.items_per_request / self.seconds if self.seconds else 0.0,
+            **pct, "mean_ms": float(lat.mean()) if ok else None, "max_ms": float(lat.max()) if ok else None,
+        }
+
+
+async def run_load(target: str, task: str, items: Sequence, *, concurrency: int = 8, duration: float | None = 10.0,
+                   requests: int | None = None, items_per_request: int = 1, timeout: float = 30.0,
+                   token: str | None = None, tls: bool = False, root_certificates: str | Path | None = None
+                   ) -> LoadReport:
+    """Closed-loop load: ``concurrency`` clients until ``duration`` seconds passed or ``requests`` were sent."""
+    if task not in LOAD_TASKS:
+        raise ValueError(f"task must be one of {LOAD_TASKS}, got {task!r}")
+    if duration is None and requests is None:
+        raise ValueError("give a duration or a number of requests")
+    credentials, metadata = channel_credentials(tls, root_certificates), auth_metadata(token)
+    method = {"sentiment": "Sentiment", "paraphrase": "Paraphrase", "similarity": "Similarity", "qa": "QA",
+              "embed": "Embed"}[task]
+    source = itertools.cycle(items)
+    sent = itertools.count()
+    report = LoadReport(task, concurrency, items_per_request)
+    started = time.perf_counter()
+    stop_at = None if duration is None else started + duration
+
+    async def client() -> None:
+        channel = (grpc.aio.secure_channel(target, credentials) if credentials is not None
+                   else grpc.aio.insecure_channel(target))
+        call = getattr(pb2_grpc.BertzooStub(channel), method)
+        try:
+            while (requests is None or next(sent) < requests) and (stop_at is None or time.perf_counter() < stop_at):
+                request = _request(task, [next(source) for _ in range(items_per_request)])
+                t0 = time.perf_counter()
+                try:
+                    await call(request, timeout=timeout, metadata=metadata)
+                except grpc.aio.AioRpcError as e:
+                    report.codes[e.code().name] += 1
+                else:
+                    report.latencies.append(time.perf_counter() - t0)
+                    report.codes["OK"] += 1
+        finally:
+            await channel.close()
+
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def format_report(summary: dict) -> str:
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f} ms"
+
+    errors = ", ".join(f"{code}: {n}" for code, n in sorted(summary["errors"].items())) or "none"
+    return "\n".join([
+        f"task {summary['task']}, {summary['concurrency']} clients, {summary['items_per_request']} items per request, "
+        f"{summary['seconds']:.1f} s",
+        f"requests   {summary['requests']} ({summary['ok']} OK; errors: {errors})",
+        f"throughput {summary['requests_per_s']:.1f} requests/s, {summary['items_per_s']:.1f} items/s",
+        f"latency    p50 {ms(summary['p50_ms'])}, p95 {ms(summary['p95_ms'])}, p99 {ms(summary['p99_ms'])}, "
+        f"max {ms(summary['max_ms'])}",
+    ])

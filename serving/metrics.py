@@ -1,0 +1,68 @@
+"""The server's Prometheus metrics, in a registry of their own (so several servers can live in one process, as in the
+tests), served in the Prometheus text format on ``--metrics-port``. serving/grafana/bertzoo-dashboard.json charts
+them.
+
+Times are in seconds. Per-request histograms are labelled by ``task`` (sentiment, paraphrase, similarity, qa, embed,
+model_info); the failure counter adds the gRPC status ``code`` and a fixed ``reason`` (queue_full, deadline,
+cancelled, backend, invalid_argument, unauthenticated, ...), never anything taken from a request.
+"""
+
+from __future__ import annotations
+
+import logging
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+log = logging.getLogger("bertzoo.serving")
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BATCH_TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+
+        def seconds(name: str, what: str) -> Histogram:
+            return Histogram(f"bertzoo_{name}_seconds", what, ["task"], buckets=LATENCY_BUCKETS, registry=r)
+
+        self.request_seconds = seconds("request", "Server time per RPC, arrival to answer, by task.")
+        self.queue_seconds = seconds("queue", "Wait in the batcher queue until the request's first model pass.")
+        self.tokenize_seconds = seconds("tokenize", "Validation and tokenization per request.")
+        self.inference_seconds = seconds("inference", "First model pass start to last model pass end, per request.")
+        self.batch_seconds = Histogram("bertzoo_batch_seconds", "Encoder and heads time per batch.",
+                                       buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram("bertzoo_batch_size", "Sequences (encoder rows) per batch.",
+                                    buckets=BATCH_SIZE_BUCKETS, registry=r)
+        self.batch_tokens = Histogram("bertzoo_batch_tokens", "Padded tokens (rows x bucket length) per batch.",
+                                      buckets=BATCH_TOKEN_BUCKETS, registry=r)
+        self.queue_depth = Gauge("bertzoo_queue_depth", "Requests waiting in the batcher queue.", registry=r)
+        self.queue_sequences = Gauge("bertzoo_queue_sequences", "Sequences waiting in the batcher queue.", registry=r)
+        self.inflight = Gauge("bertzoo_inflight_requests", "RPCs being handled.", registry=r)
+        self.requests = Counter("bertzoo_requests", "RPCs answered, by task and status code.", ["task", "code"],
+                                registry=r)
+        self.failures = Counter("bertzoo_request_failures", "Failed RPCs, by task, status code and reason.",
+                                ["task", "code", "reason"], registry=r)
+        self._http: WSGIServer | None = None
+
+    def record_request(self, task: str, code: str, reason: str, seconds: float) -> None:
+        self.requests.labels(task, code).inc()
+        self.request_seconds.labels(task).observe(seconds)
+        if code != "OK":
+            self.failures.labels(task, code, reason).inc()
+
+    def serve(self, host: str, port: int) -> int:
+        """Serve ``/metrics`` over HTTP from a daemon thread; returns the bound port."""
+        self._http, _ = start_http_server(port, addr=host, registry=self.registry)
+        bound = self._http.server_address[1]
+        log.info("metrics on http://%s:%d/metrics", host, bound)
+        return bound
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None

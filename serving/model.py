@@ -1,0 +1,141 @@
+"""What the server serves: a backend, its tokenizer, and the facts about the model the rest of the server needs
+(tasks, labels, limits, pooling, length buckets), from an export artifact (ONNX Runtime, torch-free) or a training
+checkpoint (the PyTorch reference backend)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from bertzoo.pipeline import Backend
+from bertzoo.tasks import Limits, task_spec
+from bertzoo.tokenization import Tokenizer
+
+from .config import ServeConfig
+
+log = logging.getLogger("bertzoo.serving")
+
+# `bertzoo export`'s default buckets, for checkpoints, which carry none (an artifact lists its own).
+DEFAULT_LENGTH_BUCKETS = (16, 32, 64, 128, 256, 384)
+PARAPHRASE_LABELS = ("not_duplicate", "duplicate")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    tasks: tuple[str, ...]  # the heads the model has
+    labels: dict[str, tuple[str, ...]]  # per classification task, in output order
+    limits: Limits
+    pooling: str  # "mean" (padding excluded) or "cls": how Embed pools token states
+    qa_null_threshold: float
+    length_buckets: tuple[int, ...]  # ascending; the last covers the longest sequence the limits allow
+    hidden_size: int
+    backend: str
+    variant: str
+    artifact_versions: dict[str, str] = field(default_factory=dict)
+
+    def bucket_for(self, length: int) -> int:
+        """The padded length of a batch whose longest sequence has ``length`` tokens."""
+        for bucket in self.length_buckets:
+            if length <= bucket:
+                return bucket
+        return length  # only reachable with a bucket list shorter than the limits; pad to the sequence itself
+
+
+@dataclass
+class ServedModel:
+    spec: ModelSpec
+    tokenizer: Tokenizer
+    backend: Backend
+
+
+def _buckets(candidates: tuple[int, ...], limits: Limits) -> tuple[int, ...]:
+    longest = max(limits.max_seq_length, limits.qa_max_length)
+    return tuple(sorted({b for b in candidates if b < longest} | {longest}))
+
+
+def _from_artifact(config: ServeConfig) -> ServedModel:
+    from bertzoo.artifact import load_manifest
+
+    from .backends import OnnxRuntimeBackend
+
+    directory = Path(config.model_dir)
+    manifest = load_manifest(directory)  # checks every file's sha256 before anything runs
+    limits = Limits(**manifest["limits"])
+    model = manifest["model"]
+    labels = {"sentiment": tuple(manifest["labels"]["sentiment"]),
+              "paraphrase": tuple(manifest["labels"].get("paraphrase", PARAPHRASE_LABELS))}
+    spec = ModelSpec(
+        tasks=tuple(model["tasks"]), labels=labels, limits=limits, pooling=model["pooling"],
+        qa_null_threshold=float(model.get("qa_null_threshold", 0.0)),
+        length_buckets=_buckets(tuple(manifest.get("length_buckets", DEFAULT_LENGTH_BUCKETS)), limits),
+        hidden_size=int(model["encoder"]["hidden_size"]), backend="onnxruntime", variant=config.variant,
+        artifact_versions={k: str(v) for k, v in manifest.get("versions", {}).items()},
+    )
+    backend = OnnxRuntimeBackend(directory, config.variant, threads=config.threads, manifest=manifest,
+                                 spinning=config.ort_spinning)
+    return ServedModel(spec, Tokenizer.from_file(directory / manifest["tokenizer"]), backend)
+
+
+def _from_checkpoint(config: ServeConfig) -> ServedModel:
+    import torch
+
+    from bertzoo.trainer.checkpoint import TOKENIZER, load_model
+    from bertzoo.trainer.config import TrainConfig
+    from bertzoo.trainer.evaluate import TorchBackend
+
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    model, saved, directory = load_model(config.model_dir)
+    train_config = TrainConfig.from_dict(saved["train"])
+    limits = train_config.limits
+    spec = ModelSpec(
+        tasks=tuple(model.heads), limits=limits, pooling=model.config.pooling,
+        labels={"sentiment": task_spec("sentiment", train_config.sentiment_dataset).labels,
+                "paraphrase": PARAPHRASE_LABELS},
+        qa_null_threshold=float(model.config.qa_null_threshold),
+        length_buckets=_buckets(DEFAULT_LENGTH_BUCKETS, limits), hidden_size=model.config.encoder.hidden_size,
+        backend="torch", variant="checkpoint",
+    )
+    return ServedModel(spec, Tokenizer.from_file(directory / TOKENIZER), TorchBackend(model))
+
+
+def load_served_model(config: ServeConfig) -> ServedModel:
+    """Load (and hash-check, for an artifact) the model ``config`` names. Slow: call it off the event loop."""
+    served = _from_artifact(config) if config.backend == "onnxruntime" else _from_checkpoint(config)
+    log.info("loaded %s (%s %s): tasks %s, buckets %s", config.model_dir, served.spec.backend, served.spec.variant,
+             ",".join(served.spec.tasks), served.spec.length_buckets)
+    return served
+
+
+def warm_up(served: ServedModel) -> None:
+    """Run the encoder once per length bucket, and every head, so no client pays for first-run allocations."""
+    tok = served.tokenizer
+    for bucket in served.spec.length_buckets:
+        ids = np.full((1, bucket), tok.unk_id, dtype=np.int64)
+        ids[0, 0], ids[0, -1] = tok.cls_id, tok.sep_id
+        mask = np.ones_like(ids)
+        states = served.backend.encode({"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})
+        for task in served.spec.tasks:
+            if task in ("paraphrase", "similarity"):
+                served.backend.head(task, {"states_a": states, "mask_a": mask, "states_b": states, "mask_b": mask})
+            else:
+                served.backend.head(task, {"states": states, "mask": mask})
+    log.info("warmed up on length buckets %s", served.spec.length_buckets)
+
+
+def runtime_versions(backend: str) -> dict[str, str]:
+    """The versions this server process runs with (reported by ModelInfo)."""
+    packages = ["bertzoo", "grpcio", "protobuf", "numpy", "tokenizers"]
+    packages.append("onnxruntime" if backend == "onnxruntime" else "torch")
+    versions = {"python": platform.python_version()}
+    for name in packages:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions

@@ -1,0 +1,134 @@
+"""The bertzoo.v1.Bertzoo gRPC servicer: protobuf in and out around the transport-agnostic TaskService.
+
+Each RPC is one call of :meth:`BertzooServicer._handle`, which maps the core's errors to status codes and records
+the request metrics (in-flight gauge, latency, result by code and reason) whatever happens, cancellation included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+
+from .config import ServeConfig
+from .errors import ServingError, Unavailable
+from .metrics import Metrics
+from .proto import pb2, pb2_grpc
+from .tasks_service import TaskService, Timing
+
+log = logging.getLogger("bertzoo.serving")
+
+Response = TypeVar("Response")
+
+
+def _timing(t: Timing) -> pb2.Timing:
+    return pb2.Timing(queue_seconds=t.queue, tokenize_seconds=t.tokenize, inference_seconds=t.inference,
+                      total_seconds=t.total)
+
+
+class BertzooServicer(pb2_grpc.BertzooServicer):
+    def __init__(self, service: Callable[[], TaskService | None], config: ServeConfig, metrics: Metrics,
+                 runtime_versions: dict[str, str]) -> None:
+        """``service()`` is the TaskService once the model is loaded and warmed up, None before."""
+        self._service = service
+        self._config = config
+        self._metrics = metrics
+        self._runtime_versions = runtime_versions
+
+    async def _handle(self, task: str, context: grpc.aio.ServicerContext,
+                      answer: Callable[[TaskService, float | None], Awaitable[Response]]) -> Response:
+        started = time.perf_counter()
+        code, reason = "OK", ""
+        self._metrics.inflight.inc()
+        try:
+            service = self._service()
+            if service is None:
+                raise Unavailable("the model is still loading; retry when health reports SERVING", reason="loading")
+            return await answer(service, context.time_remaining())
+        except ServingError as e:
+            code, reason = e.code, e.reason
+            await context.abort(grpc.StatusCode[e.code], str(e))
+            raise  # not reached: abort raises
+        except asyncio.CancelledError:
+            # gRPC cancels the handler when the client cancels, disconnects or its deadline passes.
+            remaining = context.time_remaining()
+            expired = remaining is not None and remaining <= 0
+            code, reason = ("DEADLINE_EXCEEDED", "deadline") if expired else ("CANCELLED", "cancelled")
+            raise
+        except Exception:
+            log.exception("%s: unexpected error", task)
+            code, reason = "INTERNAL", "unexpected"
+            await context.abort(grpc.StatusCode.INTERNAL, "internal server error (details in the server log)")
+            raise  # not reached: abort raises
+        finally:
+            self._metrics.inflight.dec()
+            self._metrics.record_request(task, code, reason, time.perf_counter() - started)
+
+    async def Sentiment(self, request: pb2.SentimentRequest, context: grpc.aio.ServicerContext
+                        ) -> pb2.SentimentResponse:
+        async def answer(service: TaskService, timeout: float | None) -> pb2.SentimentResponse:
+            results, timing = await service.sentiment(list(request.texts), timeout)
+            return pb2.SentimentResponse(
+                results=[pb2.SentimentResult(label=r.label_name, label_index=r.label, probabilities=r.probabilities)
+                         for r in results],
+                timing=_timing(timing), labels=service.spec.labels["sentiment"])
+
+        return await self._handle("sentiment", context, answer)
+
+    async def Paraphrase(self, request: pb2.ParaphraseRequest, context: grpc.aio.ServicerContext
+                         ) -> pb2.ParaphraseResponse:
+        async def answer(service: TaskService, timeout: float | None) -> pb2.ParaphraseResponse:
+            probabilities, timing = await service.paraphrase([(p.text_a, p.text_b) for p in request.pairs], timeout)
+            return pb2.ParaphraseResponse(
+                results=[pb2.ParaphraseResult(probability=float(p), is_paraphrase=bool(p >= 0.5)) for p in probabilities],
+                timing=_timing(timing))
+
+        return await self._handle("paraphrase", context, answer)
+
+    async def Similarity(self, request: pb2.SimilarityRequest, context: grpc.aio.ServicerContext
+                         ) -> pb2.SimilarityResponse:
+        async def answer(service: TaskService, timeout: float | None) -> pb2.SimilarityResponse:
+            scores, timing = await service.similarity([(p.text_a, p.text_b) for p in request.pairs], timeout)
+            return pb2.SimilarityResponse(results=[pb2.SimilarityResult(score=float(s)) for s in scores],
+                                          timing=_timing(timing))
+
+        return await self._handle("similarity", context, answer)
+
+    async def QA(self, request: pb2.QARequest, context: grpc.aio.ServicerContext) -> pb2.QAResponse:
+        async def answer(service: TaskService, timeout: float | None) -> pb2.QAResponse:
+            spans, timing = await service.qa([(item.question, item.context) for item in request.items], timeout)
+            return pb2.QAResponse(
+                results=[pb2.QAResult(answer=s.text, start_char=s.start_char, end_char=s.end_char, score=s.score,
+                                      null_score=s.null_score, no_answer=s.is_impossible) for s in spans],
+                timing=_timing(timing))
+
+        return await self._handle("qa", context, answer)
+
+    async def Embed(self, request: pb2.EmbedRequest, context: grpc.aio.ServicerContext) -> pb2.EmbedResponse:
+        async def answer(service: TaskService, timeout: float | None) -> pb2.EmbedResponse:
+            vectors, timing = await service.embed(list(request.texts), timeout)
+            return pb2.EmbedResponse(embeddings=[pb2.Embedding(values=v.tolist()) for v in vectors],
+                                     timing=_timing(timing), dimensions=int(vectors.shape[1]))
+
+        return await self._handle("embed", context, answer)
+
+    async def ModelInfo(self, request: pb2.ModelInfoRequest, context: grpc.aio.ServicerContext
+                        ) -> pb2.ModelInfoResponse:
+        async def answer(service: TaskService, _timeout: float | None) -> pb2.ModelInfoResponse:
+            spec, config, limits = service.spec, self._config, service.spec.limits
+            return pb2.ModelInfoResponse(
+                tasks=spec.tasks, sentiment_labels=spec.labels["sentiment"], paraphrase_labels=spec.labels["paraphrase"],
+                limits=pb2.Limits(
+                    max_items_per_request=config.max_items, max_text_chars=config.max_text_chars,
+                    max_seq_length=limits.max_seq_length, qa_max_length=limits.qa_max_length,
+                    qa_doc_stride=limits.qa_doc_stride, qa_max_question_tokens=limits.qa_max_question_tokens,
+                    qa_max_answer_tokens=limits.qa_max_answer_tokens, overlong=config.overlong),
+                backend=spec.backend, variant=spec.variant, pooling=spec.pooling, embedding_dimensions=spec.hidden_size,
+                length_buckets=spec.length_buckets, qa_null_threshold=spec.qa_null_threshold,
+                artifact_versions=spec.artifact_versions, runtime_versions=self._runtime_versions)
+
+        return await self._handle("model_info", context, answer)

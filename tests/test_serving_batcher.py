@@ -1,0 +1,226 @@
+"""The dynamic batcher on its own, with a scripted batch runner instead of a model: which items share a batch, when
+batches start, and what happens to cancelled, expired, failing and excess requests."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from bertzoo.serving.batcher import Batcher
+from bertzoo.serving.config import BatchSettings
+from bertzoo.serving.engine import Work
+from bertzoo.serving.errors import BackendFailure, DeadlineExceeded, QueueFull, Unavailable
+from bertzoo.serving.metrics import Metrics
+from bertzoo.tokenization import Encoding
+
+BUCKETS = (16, 32, 64)
+
+
+def bucket_for(length: int) -> int:
+    return next(b for b in BUCKETS if length <= b)
+
+
+def sentence(length: int, marker: int = 7) -> Work:
+    return Work("sentiment", (Encoding([marker] * length, [0] * length),))
+
+
+class Runner:
+    """Records each batch (the markers of its works and the padded shape); can hold the worker or fail a batch."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[list[int], tuple[int, int]]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.fail_marker: int | None = None
+
+    def __call__(self, works, inputs) -> list:
+        self.gate.wait(10)
+        markers = [w.rows[0].input_ids[0] for w in works]
+        self.batches.append((markers, inputs["input_ids"].shape))
+        if self.fail_marker in markers:
+            raise RuntimeError("backend exploded")
+        return [m * 10 for m in markers]
+
+
+def run(coroutine_fn, runner: Runner, **settings):
+    """Run ``coroutine_fn(batcher)`` with a started batcher, closing it after."""
+
+    async def main():
+        batcher = Batcher(runner, bucket_for, pad_id=0, settings=BatchSettings(**settings), metrics=Metrics())
+        batcher.start()
+        try:
+            return await coroutine_fn(batcher)
+        finally:
+            runner.gate.set()
+            await batcher.close(timeout=5)
+
+    return asyncio.run(main())
+
+
+async def until(condition, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+def test_requests_waiting_behind_a_running_batch_share_the_next_one_padded_to_their_bucket():
+    runner = Runner()
+
+    async def scenario(batcher: Batcher):
+        runner.gate.clear()
+        first = batcher.submit([sentence(5, marker=1)])
+        await until(lambda: batcher._in_flight == 1)
+        waiting = [batcher.submit([sentence(3 + i, marker=10 + i)]) for i in range(6)]
+        runner.gate.set()
+        return await first.future, [await job.future for job in waiting]
+
+    first, waiting = run(scenario, runner)
+    assert first == [10] and waiting == [[(10 + i) * 10] for i in range(6)]
+    assert [b[0] for b in runner.batches] == [[1], list(range(10, 16))]
+    assert runner.batches[1][1] == (6, 16)  # padded to the bucket, not to the longest sequence (8)
+
+
+def test_batches_respect_size_and_token_limits_and_keep_an_oversized_item_whole():
+    runner = Runner()
+
+    async def scenario(batcher: Batcher):
+        runner.gate.clear()
+        blocker = batcher.submit([sentence(4, marker=1)])
+        await until(lambda: batcher._in_flight == 1)
+        jobs = [batcher.submit([sentence(30, marker=20 + i)]) for i in range(5)]  # bucket 32: 2 fit in 64 tokens
+        big = batcher.submit([Work("qa", tuple(Encoding([9] * 60, [0] * 60) for _ in range(3)))])  # 192 tokens
+        runner.gate.set()
+        await asyncio.gather(blocker.future, *(j.future for j in jobs), big.future)
+
+    run(scenario, runner, max_batch_size=3, max_batch_tokens=64)
+    assert [b[0] for b in runner.batches] == [[1], [20, 21], [22, 23], [24], [9]]
+    assert runner.batches[-1][1] == (3, 64)
+
+
+def test_the_oldest_waiting_item_picks_the_bucket():
+    runner = Runner()
+
+    async def scenario(batcher: Batcher):
+        runner.gate.clear()
+        blocker = batcher.submit([sentence(4, marker=1)])
+        await until(lambda: batcher._in_flight == 1)
+        long_job = batcher.submit([sentence(50, marker=2)])
+        short_jobs = [batcher.submit([sentence(4, marker=3)]) for _ in range(3)]
+        runner.gate.set()
+        await asyncio.gather(blocker.future, long_job.future, *(j.future for j in short_jobs))
+
+    run(scenario, runner)
+    assert [b[0] for b in runner.batches] == [[1], [2], [3, 3, 3]]
+
+
+def test_a_full_batch_is_cut_while_the_worker_is_busy_so_two_batches_are_in_flight():
+    runner = Runner()
+
+    async def scenario(batcher: Batcher):
+        runner.gate.clear()
+        blocker = batcher.submit([sentence(4, marker=1)])
+        await until(lambda: batcher._in_flight == 1)
+        jobs = [batcher.submit([sentence(4, marker=2)]) for _ in range(4)]  # a full batch (max_batch_size 4)
+        await until(lambda: batcher._in_flight == 2)
+        assert batcher._waiting_rows == 0  # cut and padded, waiting for the worker
+        runner.gate.set()
+        await asyncio.gather(blocker.future, *(j.future for j in jobs))
+
+    run(scenario, runner, max_batch_size=4)
+    assert [b[0] for b in runner.batches] == [[1], [2, 2, 2, 2]]
+
+
+def test_an_idle_model_waits_up_to_the_queue_delay_for_a_fuller_batch():
+    runner = Runner()
+
+    async def scenario(batcher: Batcher):
+        started = time.monotonic()
+        first = batcher.submit([sentence(4, marker=1)])
+        await asyncio.sleep(0.02)
+        second = batcher.submit([sentence(4, marker=2)])
+        await asyncio.gather(first.future, second.future)
+        return time.monotonic() - started
+
+    elapsed = run(scenario, runner, max_queue_delay_ms=150)
+    assert [b[0] for b in runner.batches] == [[1, 2]]
+    assert elapsed >= 0.14
+
+
+def test_cancelled_and_expired_requests_never_reach_the_model():
+    runner = Runner()
+
+    async def scenario(batcher: Batcher):
+        runner.gate.clear()
+        batcher.submit([sentence(4, marker=1)])
+        await until(lambda: batcher._in_flight == 1)
+        cancelled = batcher.submit([sentence(4, marker=2), sentence(40, marker=2)])
+        expired = batcher.submit([sentence(4, marker=3)], timeout=0.01)
+        kept = batcher.submit([sentence(4, marker=4)])
+        cancelled.future.cancel()
+        await asyncio.sleep(0)  # the done-callback takes the cancelled job out of the queue
+        assert batcher._waiting_jobs == 2 and batcher._waiting_rows == 2
+        await asyncio.sleep(0.05)
+        runner.gate.set()
+        with pytest.raises(DeadlineExceeded):
+            await expired.future
+        return await kept.future
+
+    assert run(scenario, runner) == [40]
+    assert [b[0] for b in runner.batches] == [[1], [4]]
+
+
+def test_a_full_queue_refuses_at_once_and_a_closed_batcher_refuses_everything():
+    runner = Runner()
+
+    async def scenario(batcher: Batcher):
+        runner.gate.clear()
+        running = batcher.submit([sentence(4, marker=1)])
+        await until(lambda: batcher._in_flight == 1)
+        queued = [batcher.submit([sentence(4, marker=2)]) for _ in range(2)]
+        with pytest.raises(QueueFull, match="queue is full"):
+            batcher.submit([sentence(4, marker=3)])
+        runner.gate.set()
+        await asyncio.gather(running.future, *(j.future for j in queued))
+        await batcher.close()
+        with pytest.raises(Unavailable):
+            batcher.submit([sentence(4)])
+
+    run(scenario, runner, max_queue=2)
+
+
+def test_a_backend_error_fails_only_the_requests_of_its_batch():
+    runner = Runner()
+    runner.fail_marker = 2
+
+    async def scenario(batcher: Batcher):
+        runner.gate.clear()
+        blocker = batcher.submit([sentence(4, marker=1)])
+        await until(lambda: batcher._in_flight == 1)
+        doomed = [batcher.submit([sentence(4, marker=m)]) for m in (2, 5)]  # one batch of bucket 16
+        survivor = batcher.submit([sentence(20, marker=6)])  # bucket 32: the next batch
+        runner.gate.set()
+        for job in doomed:
+            with pytest.raises(BackendFailure, match="RuntimeError"):
+                await job.future
+        return await blocker.future, await survivor.future
+
+    assert run(scenario, runner) == ([10], [60])
+
+
+def test_close_finishes_queued_requests_before_stopping():
+    runner = Runner()
+
+    async def scenario(batcher: Batcher):
+        runner.gate.clear()
+        jobs = [batcher.submit([sentence(4 + i, marker=i + 1)]) for i in range(3)]
+        closing = asyncio.ensure_future(batcher.close(timeout=5))
+        await asyncio.sleep(0.02)
+        runner.gate.set()
+        await closing
+        return [j.future.result() for j in jobs]
+
+    assert run(scenario, runner) == [[10], [20], [30]]

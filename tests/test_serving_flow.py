@@ -1,0 +1,156 @@
+"""Requests under load through the real server, with a backend the tests can slow down or break: concurrent requests
+share encoder batches, a full queue refuses at once, expired and cancelled requests never reach the model, and a
+failing batch fails only its own requests."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import pytest
+
+from bertzoo.serving.client import BertzooClient
+from bertzoo.serving.config import BatchSettings
+from bertzoo.serving.grpc_server import ServerThread
+from bertzoo.serving.model import load_served_model
+from bertzoo.serving.proto import pb2
+from conftest import serve_config
+
+MAX_QUEUE = 6
+
+
+class ControlledBackend:
+    """Wraps the real backend: a delay per encoder pass, a one-shot failure, and the batch size of every pass."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.delay = 0.0
+        self.fail_next = False
+        self.batch_rows: list[int] = []
+        self.lock = threading.Lock()
+
+    def encode(self, batch):
+        with self.lock:
+            self.batch_rows.append(batch["input_ids"].shape[0])
+            fail, self.fail_next = self.fail_next, False
+        time.sleep(self.delay)
+        if fail:
+            raise RuntimeError("injected backend failure")
+        return self.inner.encode(batch)
+
+    def head(self, task, inputs):
+        return self.inner.head(task, inputs)
+
+
+@pytest.fixture(scope="module")
+def controlled_server(tiny_artifact):
+    _, artifact = tiny_artifact
+    backends: list[ControlledBackend] = []
+
+    def loader(config):
+        served = load_served_model(config)
+        served.backend = ControlledBackend(served.backend)
+        backends.append(served.backend)
+        return served
+
+    config = serve_config(artifact, batch=BatchSettings(max_queue=MAX_QUEUE))
+    with ServerThread(config, loader) as running, BertzooClient(f"127.0.0.1:{running.port}") as client:
+        yield running, client, backends[0]
+
+
+@pytest.fixture
+def controlled(controlled_server):
+    running, client, backend = controlled_server
+    backend.delay, backend.fail_next = 0.0, False
+    backend.batch_rows.clear()
+    yield running, client, backend
+    backend.delay = 0.0
+
+
+def sample(running, name: str, **labels) -> float:
+    return running.metrics.registry.get_sample_value(name, labels or None) or 0.0
+
+
+def wait_for(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.005)
+
+
+def request(*texts: str) -> pb2.SentimentRequest:
+    return pb2.SentimentRequest(texts=list(texts))
+
+
+def test_concurrent_requests_share_encoder_batches(controlled):
+    running, client, backend = controlled
+    backend.delay = 0.05
+    batches_before, rows_before = sample(running, "bertzoo_batch_size_count"), sample(running, "bertzoo_batch_size_sum")
+    calls = [client.stub.Sentiment.future(request(f"sentence {i}", f"another {i}"), timeout=30) for i in range(5)]
+    assert all(len(call.result().results) == 2 for call in calls)
+    batches = sample(running, "bertzoo_batch_size_count") - batches_before
+    assert sample(running, "bertzoo_batch_size_sum") - rows_before == 10  # every sentence encoded once
+    assert batches < 5 and len(backend.batch_rows) == batches and max(backend.batch_rows) > 2
+
+
+def test_a_full_queue_answers_resource_exhausted_at_once(controlled):
+    running, client, backend = controlled
+    backend.delay = 1.0  # ample time to fill the queue behind the running batch
+    running_call = client.stub.Sentiment.future(request("occupies the model"), timeout=30)
+    wait_for(lambda: backend.batch_rows)
+    queued = [client.stub.Sentiment.future(request(f"waits {i}"), timeout=30) for i in range(MAX_QUEUE)]
+    wait_for(lambda: sample(running, "bertzoo_queue_depth") == MAX_QUEUE)
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as error:
+        client.sentiment(["one too many"])
+    assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "queue is full" in error.value.details()
+    assert time.monotonic() - started < 0.5  # refused at once, not after waiting for the model
+    assert running_call.result().results and all(call.result().results for call in queued)
+    assert sample(running, "bertzoo_request_failures_total", task="sentiment", code="RESOURCE_EXHAUSTED",
+                  reason="queue_full") >= 1
+
+
+def test_a_request_past_its_deadline_is_dropped_before_compute(controlled):
+    running, client, backend = controlled
+    backend.delay = 0.4
+    before = sample(running, "bertzoo_request_failures_total", task="sentiment", code="DEADLINE_EXCEEDED",
+                    reason="deadline")
+    first = client.stub.Sentiment.future(request("occupies the model"), timeout=30)
+    wait_for(lambda: backend.batch_rows)
+    with pytest.raises(grpc.RpcError) as error:
+        client.sentiment(["too late"], timeout=0.1)
+    assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    first.result()
+    wait_for(lambda: sample(running, "bertzoo_request_failures_total", task="sentiment", code="DEADLINE_EXCEEDED",
+                            reason="deadline") == before + 1)
+    time.sleep(0.05)
+    assert backend.batch_rows == [1]  # only the first request ever reached the model
+    assert sample(running, "bertzoo_queue_depth") == 0
+
+
+def test_a_cancelled_request_is_dropped_before_compute(controlled):
+    running, client, backend = controlled
+    backend.delay = 1.0  # ample time to cancel while the first batch runs
+    before = sample(running, "bertzoo_request_failures_total", task="sentiment", code="CANCELLED", reason="cancelled")
+    first = client.stub.Sentiment.future(request("occupies the model"), timeout=30)
+    wait_for(lambda: backend.batch_rows)
+    cancelled = client.stub.Sentiment.future(request("never mind", "me neither"), timeout=30)
+    wait_for(lambda: sample(running, "bertzoo_queue_sequences") == 2)
+    assert cancelled.cancel()
+    wait_for(lambda: sample(running, "bertzoo_queue_sequences") == 0)  # out of the queue before the model is free
+    first.result()
+    wait_for(lambda: sample(running, "bertzoo_request_failures_total", task="sentiment", code="CANCELLED",
+                            reason="cancelled") == before + 1)
+    assert backend.batch_rows == [1]
+
+
+def test_a_backend_failure_fails_only_its_batch_with_internal(controlled):
+    running, client, backend = controlled
+    backend.fail_next = True
+    with pytest.raises(grpc.RpcError) as error:
+        client.paraphrase([("a", "b")])
+    assert error.value.code() == grpc.StatusCode.INTERNAL
+    assert "the model failed on this request's batch" in error.value.details()
+    assert client.paraphrase([("a", "b")]).results and client.health() == "SERVING"
+    assert sample(running, "bertzoo_request_failures_total", task="paraphrase", code="INTERNAL", reason="backend") == 1

@@ -1,0 +1,282 @@
+"""Operating the server: TLS and token auth, the loading state, SIGTERM draining a real `bertzoo serve` process,
+fuzzed requests, the command-line client and load tool, and the generated stubs and dashboard staying in step."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.resources
+import ipaddress
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from click.testing import CliRunner
+from google.protobuf import descriptor_pb2
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bertzoo.cli import main
+from bertzoo.serving.client import BertzooClient
+from bertzoo.serving.grpc_server import ServerThread
+from bertzoo.serving.metrics import Metrics
+from bertzoo.serving.model import load_served_model
+from bertzoo.serving.proto import pb2
+from conftest import free_port, serve_config
+
+MAX_ITEMS = 8
+
+
+@pytest.fixture(scope="module")
+def server(tiny_artifact):
+    _, artifact = tiny_artifact
+    with ServerThread(serve_config(artifact, max_items=MAX_ITEMS)) as running, \
+            BertzooClient(f"127.0.0.1:{running.port}") as client:
+        yield running, client
+
+
+# ---------------------------------------------------------------- TLS and auth
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = directory / "server.crt", directory / "server.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def test_tls_with_a_bearer_token_and_open_health_checks(tiny_artifact, tmp_path):
+    _, artifact = tiny_artifact
+    cert, key = self_signed(tmp_path)
+    config = serve_config(artifact, tls_cert=str(cert), tls_key=str(key), auth_token="s3cret-token")
+    with ServerThread(config) as running:
+        target = f"127.0.0.1:{running.port}"
+        with BertzooClient(target, token="s3cret-token", root_certificates=cert) as client:
+            assert client.sentiment(["over TLS"]).results
+        for token in (None, "wrong-token"):
+            with BertzooClient(target, token=token, root_certificates=cert) as client:
+                assert client.health() == "SERVING"  # health stays open for probes
+                with pytest.raises(grpc.RpcError) as error:
+                    client.model_info()
+                assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with BertzooClient(target, timeout=3) as plaintext:
+            with pytest.raises(grpc.RpcError) as error:
+                plaintext.health()
+            assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert running.metrics.registry.get_sample_value(
+            "bertzoo_request_failures_total",
+            {"task": "model_info", "code": "UNAUTHENTICATED", "reason": "unauthenticated"}) == 2
+
+
+# ---------------------------------------------------------------- life cycle
+
+
+def test_not_serving_and_unavailable_until_the_model_is_loaded(tiny_artifact):
+    _, artifact = tiny_artifact
+    release = threading.Event()
+
+    def slow_loader(config):
+        release.wait(30)
+        return load_served_model(config)
+
+    running = ServerThread(serve_config(artifact), slow_loader)
+    starter = threading.Thread(target=running.start)
+    starter.start()
+    try:
+        deadline = time.monotonic() + 30
+        while running.server.port is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        with BertzooClient(f"127.0.0.1:{running.port}", timeout=5) as client:
+            grpc.channel_ready_future(client.channel).result(timeout=10)
+            assert client.health() == "NOT_SERVING"
+            with pytest.raises(grpc.RpcError) as error:
+                client.sentiment(["too early"])
+            assert error.value.code() == grpc.StatusCode.UNAVAILABLE and "loading" in error.value.details()
+            release.set()
+            starter.join(30)
+            assert client.health() == "SERVING" and client.sentiment(["now"]).results
+    finally:
+        release.set()
+        starter.join(30)
+        running.stop()
+
+
+def test_sigterm_finishes_every_accepted_request_then_exits(tiny_artifact):
+    _, artifact = tiny_artifact
+    port = free_port()
+    # An idle model waits 1.5 s to fill a batch, so the requests are still in flight when SIGTERM arrives.
+    command = [sys.executable, "-m", "bertzoo.cli", "serve", str(artifact), "--host", "127.0.0.1", "--port", str(port),
+               "--metrics-port", "0", "--threads", "1", "--no-ort-spinning", "--max-queue-delay-ms", "1500"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        with BertzooClient(f"127.0.0.1:{port}", timeout=30) as client:
+            client.wait_ready(timeout=60)
+            calls = [client.stub.Sentiment.future(pb2.SentimentRequest(texts=[f"accepted {i}"]), timeout=30)
+                     for i in range(12)]
+            time.sleep(0.4)  # on loopback, long enough for the server to accept them all
+            process.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+            with pytest.raises(grpc.RpcError) as refused:
+                client.sentiment(["after SIGTERM"], timeout=5)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert all(len(call.result().results) == 1 for call in calls)  # none lost
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+        output = process.communicate()[0]
+    assert "effective config" in output and "stop signal" in output and "stopped" in output
+
+
+def test_serve_fails_with_the_reason_on_a_broken_artifact_or_a_taken_port(tiny_artifact, tmp_path):
+    (tmp_path / "empty").mkdir()
+    result = CliRunner().invoke(main, ["serve", str(tmp_path / "empty"), "--host", "127.0.0.1", "--port",
+                                       str(free_port()), "--metrics-port", "0"])
+    assert result.exit_code == 1 and "no manifest.json" in result.output
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(main, ["serve", str(tiny_artifact[1]), "--host", "127.0.0.1", "--port", str(port),
+                                           "--metrics-port", "0"])
+    assert result.exit_code == 1 and f"could not listen on 127.0.0.1:{port}" in result.output
+
+
+# ---------------------------------------------------------------- fuzzing
+
+
+TEXTS = st.one_of(
+    st.text(max_size=60),
+    st.sampled_from(["", " ", "\n\t ", "\x00", "\u200b", "\ufeff", "🙂" * 50, "[CLS] [SEP] [PAD]", "é" * 300]),
+    st.builds(lambda char, n: char * n, st.characters(codec="utf-8"), st.integers(19_990, 20_010)),  # at the limit
+)
+
+
+@st.composite
+def fuzz_requests(draw):
+    rpc = draw(st.sampled_from(["sentiment", "embed", "paraphrase", "similarity", "qa"]))
+    count = draw(st.integers(0, MAX_ITEMS + 2))
+    if rpc in ("sentiment", "embed"):
+        return rpc, [draw(TEXTS) for _ in range(count)]
+    return rpc, [(draw(TEXTS), draw(TEXTS)) for _ in range(count)]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(request=fuzz_requests())
+def test_fuzzed_requests_get_an_answer_or_invalid_argument_and_never_hurt_the_server(server, request):
+    _, client = server
+    rpc, items = request
+    try:
+        response = getattr(client, rpc)(items)
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, (e.code(), e.details())
+        return
+    results = response.embeddings if rpc == "embed" else response.results
+    assert len(results) == len(items)
+    if rpc == "qa":
+        for (_, context), result in zip(items, results, strict=True):
+            assert result.no_answer or context[result.start_char:result.end_char] == result.answer
+
+
+@settings(max_examples=40, deadline=None)
+@given(raw=st.binary(max_size=300), method=st.sampled_from(["Sentiment", "Paraphrase", "Similarity", "QA", "Embed"]))
+def test_undecodable_bytes_never_hurt_the_server(server, raw, method):
+    _, client = server
+    call = client.channel.unary_unary(f"/bertzoo.v1.Bertzoo/{method}")  # no serializers: raw bytes in and out
+    try:
+        call(raw, timeout=10)
+    except grpc.RpcError as e:  # bytes that do decode are a request like any other: answered or refused
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, (e.code(), e.details())
+
+
+def test_the_server_is_unharmed_after_the_fuzzing(server):
+    running, client = server
+    assert client.health() == "SERVING" and client.sentiment(["still here"]).results
+    codes = {s.labels["code"] for family in running.metrics.registry.collect() for s in family.samples
+             if s.name == "bertzoo_request_failures_total"}
+    assert codes <= {"INVALID_ARGUMENT"}  # bad input was refused; nothing failed inside the server
+
+
+# ---------------------------------------------------------------- command line
+
+
+def test_cli_client_and_bench_serve(server, tmp_path):
+    running, _ = server
+    target = ["--target", f"127.0.0.1:{running.port}"]
+    runner = CliRunner()
+    result = runner.invoke(main, ["client", "sentiment", "a lovely film", *target])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["results"][0]["label"]
+    result = runner.invoke(main, ["client", "qa", "Who went?", "Alice went to Paris.", *target])
+    assert result.exit_code == 0 and "no_answer" in json.loads(result.output)["results"][0]
+    result = runner.invoke(main, ["client", "sentiment", " ", *target])
+    assert result.exit_code == 1 and "INVALID_ARGUMENT: texts[0] is empty" in result.output
+    out = tmp_path / "bench.json"
+    result = runner.invoke(main, ["bench-serve", *target, "--task", "similarity", "--requests", "30", "--concurrency",
+                                  "3", "--items", "2", "--json-out", str(out)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(out.read_text())
+    assert (summary["requests"], summary["ok"], summary["errors"]) == (30, 30, {})
+    assert 0 < summary["p50_ms"] <= summary["p95_ms"] <= summary["p99_ms"] and summary["items_per_s"] > 0
+    assert "throughput" in result.output and "p99" in result.output
+
+
+# ---------------------------------------------------------------- generated and shipped files
+
+
+def test_installed_stubs_are_generated_from_the_proto_in_this_tree(tmp_path):
+    protoc = pytest.importorskip("grpc_tools.protoc")
+    protos = Path(__file__).resolve().parents[1] / "protos"
+    out = tmp_path / "descriptor.pb"
+    assert protoc.main(["protoc", f"-I{protos}", f"--descriptor_set_out={out}", "bertzoo/v1/bertzoo.proto"]) == 0
+    compiled = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file[0]
+    installed = descriptor_pb2.FileDescriptorProto.FromString(pb2.DESCRIPTOR.serialized_pb)
+    compiled.name = installed.name  # the stubs are compiled under their import path, bertzoo/serving/_proto/
+
+    def drop_json_names(messages) -> None:  # a descriptor set records them, generated code does not
+        for message in messages:
+            for f in message.field:
+                f.ClearField("json_name")
+            drop_json_names(message.nested_type)
+
+    drop_json_names(compiled.message_type)
+    assert compiled == installed, "stale stubs: reinstall the package (pip install -e .) to regenerate them"
+
+
+def test_the_dashboard_charts_every_metric_and_only_those():
+    dashboard = json.loads((importlib.resources.files("bertzoo.serving") / "grafana" / "bertzoo-dashboard.json")
+                           .read_text())
+    charted = set(re.findall(r"bertzoo_[a-z_]+", " ".join(t["expr"] for p in dashboard["panels"]
+                                                           for t in p["targets"])))
+    suffixes = {"histogram": ("_bucket", "_sum", "_count"), "counter": ("_total",), "gauge": ("",)}
+    families = {f.name: f.type for f in Metrics().registry.collect()}
+    exported = {name + suffix for name, kind in families.items() for suffix in suffixes[kind]}
+    assert charted <= exported, charted - exported
+    assert {name for name in families if not any(c.startswith(name) for c in charted)} == set()
