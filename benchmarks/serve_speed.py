@@ -122,12 +122,11 @@ async def _open_loop(port: int, sentences: list[str], rate: float, duration: flo
             "p99_ms": float(np.percentile(lat, 99))}
 
 
-def mixed(port: int, data_dir: Path | None, concurrency: int, duration: float) -> dict:
-    files = {"sentiment": "ids-sst-dev.csv", "embed": "ids-sst-dev.csv", "paraphrase": "quora-dev.csv",
-             "similarity": "sts-dev.csv", "qa": "squad/cs224n-dev-v2.0.json"}
-    inputs = {t: load_items(t, data_dir / f if data_dir else None) for t, f in files.items()}
-    for task in ("paraphrase", "qa"):
-        inputs[task] = inputs[task][:2000]
+def mixed(port: int, data_dir: Path, concurrency: int, duration: float) -> dict:
+    from bertzoo.datafiles import find_files
+
+    inputs = {t: load_items(t, find_files(data_dir, "sentiment" if t == "embed" else t, "dev")[0])
+              for t in ("sentiment", "paraphrase", "similarity", "qa", "embed")}
 
     async def run() -> list:
         per_task = max(1, concurrency // len(inputs))
