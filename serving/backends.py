@@ -18,10 +18,11 @@ from bertzoo.artifact import ArtifactError, load_manifest
 VARIANTS = ("fp32", "optimized", "int8")
 
 
-def session_options(threads: int | None = None, spinning: bool = True):
-    """ORT settings for a server process: all graph optimizations; ``threads`` intra-op threads (default: all cores)
-    and one inter-op thread (our graphs are sequential). Spinning keeps worker threads hot between the ops of one
-    batch, which lowers latency at the price of idle CPU; turn it off when the server shares its cores."""
+def session_options(threads: int | None = None, spinning: bool = False):
+    """ORT settings: all graph optimizations; ``threads`` intra-op threads (default: all cores) and one inter-op
+    thread (our graphs are sequential). Spinning keeps worker threads hot between the ops of one batch: lower latency
+    for a process that has the cores to itself (a benchmark), but a server shares them with gRPC and the tokenizer,
+    where spinning cost 28% of throughput (RESULTS.md), so it is off unless asked for."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -43,7 +44,7 @@ class OnnxRuntimeBackend:
     """The artifact's encoder (in the chosen variant) and head graphs, each an ORT session."""
 
     def __init__(self, directory: str | Path, variant: str = "fp32", threads: int | None = None,
-                 providers: list[str] | None = None, manifest: dict | None = None, spinning: bool = True) -> None:
+                 providers: list[str] | None = None, manifest: dict | None = None, spinning: bool = False) -> None:
         import onnx
         import onnxruntime as ort
 

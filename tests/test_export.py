@@ -183,18 +183,20 @@ def test_cli_export_writes_an_artifact(exported, tmp_path):
 
 @pytest.mark.slow
 def test_int8_minilm_stays_within_its_accuracy_bounds_on_real_dev_examples(tmp_path):
-    """The real MiniLM encoder, quantized: the int8 gate is measured on the bundled dev rows (real SST and STS
-    sentences), and the int8 encoder really differs from fp32 (so the gate measured something)."""
+    """The real MiniLM encoder, quantized, on the bundled STS dev rows (real sentence pairs). The cosine similarity
+    head has no trained weights, so the pretrained embedding model is already a meaningful STS model here, and the
+    Pearson change measures what int8 costs. (Class agreement needs a trained head's margins: see RESULTS.md.)"""
     from bertzoo.export import parity
     from bertzoo.trainer.config import TrainConfig
 
-    config = TrainConfig(out_dir=str(tmp_path / "run"), tasks=("sentiment", "similarity"), limit_per_task=8,
-                         batch_size=4, max_steps=2, progress=False, eval_every_epoch=False)
+    config = TrainConfig(out_dir=str(tmp_path / "run"), tasks=("similarity",), limit_per_task=8, batch_size=4,
+                         max_steps=1, lr=1e-6, progress=False, eval_every_epoch=False)
     train(config)
-    manifest = export_checkpoint(tmp_path / "run", tmp_path / "artifact", ExportOptions(int8=True, parity_limit=40))
+    manifest = export_checkpoint(tmp_path / "run", tmp_path / "artifact", ExportOptions(int8=True, parity_limit=60))
     report = manifest["parity"]["int8"]
     assert report["passed"] and report["bounds"] == parity.BOUNDS["int8"].__dict__
-    assert report["tasks"]["sentiment"]["same_class"] >= 0.95 and report["tasks"]["sentiment"]["n"] == 40
-    assert report["tasks"]["similarity"]["pearson_delta"] <= 0.02
-    assert 1e-4 < report["tensor_max_abs"]["encoder"] < 1.0
+    similarity = report["tasks"]["similarity"]
+    assert similarity["n"] == 60 and similarity["pearson_reference"] > 0.5  # a real model, not noise
+    assert similarity["pearson_delta"] <= parity.BOUNDS["int8"].pearson_delta
+    assert 1e-4 < report["tensor_max_abs"]["encoder"] < 1.0  # int8 really changed the encoder
     assert manifest["parity"]["fp32"]["tensor_max_abs"]["encoder"] < 1e-3
