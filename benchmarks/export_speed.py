@@ -23,6 +23,7 @@ import onnx
 import onnxruntime as ort
 import torch
 
+from bertzoo.artifact import load_manifest
 from bertzoo.export.exporter import ExportOptions, export_checkpoint
 from bertzoo.export.onnx_graphs import export_graphs
 from bertzoo.export.sparsegen_onnx import with_ort_formulation
@@ -96,7 +97,16 @@ def ssaf_against_softmax(model: MultitaskModel, work: Path, threads: int, lam: f
         "ssaf, ORT formulation": session(with_ort_formulation(generic), threads),
     }
     feed = batch(8, 128)
-    results = {name: median_ms(lambda s=s: s.run(None, feed), 15) for name, s in candidates.items()}
+    for s in candidates.values():  # warm-up
+        s.run(None, feed)
+    # Interleaved rounds: each round runs every candidate once, so drift in machine speed hits all of them alike.
+    times: dict[str, list[float]] = {name: [] for name in candidates}
+    for _ in range(15):
+        for name, s in candidates.items():
+            started = time.perf_counter()
+            s.run(None, feed)
+            times[name].append((time.perf_counter() - started) * 1000)
+    results = {name: statistics.median(t) for name, t in times.items()}
     print(f"\n## SSAF (sparsegen-lin, lambda {lam}) against softmax, ONNX Runtime fp32, b8/s128, {threads} threads")
     print("| encoder | median ms | ratio to softmax |\n|---|---|---|")
     for name, ms in results.items():
@@ -110,13 +120,19 @@ def main() -> None:
     parser.add_argument("--parity-limit", type=int, default=500)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--work", default=None, help="where to write the artifacts (default: a temporary directory)")
+    parser.add_argument("--reuse", action="store_true", help="reuse the artifact already in --work (skip the export)")
     args = parser.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="export_bench."))
     print(f"onnxruntime {ort.__version__}, torch {torch.__version__}, artifacts in {work}")
-    started = time.perf_counter()
-    manifest = export_checkpoint(args.checkpoint, work / "artifact", ExportOptions(
-        optimize=True, int8=True, data_dir=args.data, parity_limit=args.parity_limit, force=True))
-    print(f"export with parity gates: {time.perf_counter() - started:.0f} s; fused: {manifest['reports']['optimize']}")
+    if args.reuse and (work / "artifact").is_dir():
+        manifest = load_manifest(work / "artifact")
+        print("export: reusing the artifact in --work")
+    else:
+        started = time.perf_counter()
+        manifest = export_checkpoint(args.checkpoint, work / "artifact", ExportOptions(
+            optimize=True, int8=True, data_dir=args.data, parity_limit=args.parity_limit, force=True))
+        print(f"export with parity gates: {time.perf_counter() - started:.0f} s")
+    print(f"fused: {manifest['reports']['optimize']}")
     print("\n## parity (task level on dev examples, tensor level max abs diff)")
     for variant, report in manifest["parity"].items():
         tasks = "; ".join(f"{t} " + ", ".join(f"{k} {v:.4g}" for k, v in r.items()) for t, r in report["tasks"].items())
