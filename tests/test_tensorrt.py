@@ -11,8 +11,8 @@ import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -22,8 +22,6 @@ import torch
 from bertzoo.export import sparsegen_onnx
 from bertzoo.export import tensorrt as bz_trt
 from bertzoo.export.tensorrt import TensorRTUnavailable, require_tensorrt
-
-ROOT = Path(__file__).resolve().parents[1]
 
 # Run as `python -c KERNEL_CHECK <device>`; exits non-zero with the failing case on any mismatch.
 KERNEL_CHECK = textwrap.dedent("""
@@ -89,8 +87,10 @@ def _run_kernel_check(device: str) -> subprocess.CompletedProcess:
         env["TRITON_INTERPRET"] = "1"
     else:
         env.pop("TRITON_INTERPRET", None)
-    return subprocess.run([sys.executable, "-c", KERNEL_CHECK, device], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
+    # Not the repository root as cwd: `python -c` puts the cwd first on sys.path, where the source folder bertzoo/
+    # would shadow the installed package (which maps export/ to bertzoo.export).
+    return subprocess.run([sys.executable, "-c", KERNEL_CHECK, device], cwd=tempfile.gettempdir(), env=env,
+                          capture_output=True, text=True, timeout=600)
 
 
 def _require_triton() -> None:
