@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
+from timing import median_ms  # benchmarks/timing.py
 
 from bertzoo.artifact import load_manifest
 from bertzoo.export.exporter import ExportOptions, export_checkpoint
@@ -33,17 +34,6 @@ from bertzoo.trainer.heads import ModelConfig, MultitaskModel
 from bertzoo.trainer.model import EncoderConfig
 
 GRID = ((1, 32), (8, 128), (32, 64))
-
-
-def median_ms(fn, repeats: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
 
 
 def batch(b: int, t: int) -> dict[str, np.ndarray]:

@@ -3,24 +3,11 @@ the whole MiniLM-sized encoder forward, as ratios to softmax. ``python benchmark
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
+from timing import median_ms  # benchmarks/timing.py
 
 from bertzoo.trainer.model import Encoder, EncoderConfig
 from bertzoo.trainer.sparsegen import masked_softmax, sparsegen_lin
-
-
-def median_ms(fn, repeats: int = 15, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
 
 
 def probability_functions(b: int, t: int) -> None:
