@@ -37,7 +37,8 @@ class TorchBackend:
     @torch.no_grad()
     def head(self, task: str, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
         self.model.eval()
-        out = self.model.heads[task](*(self._tensor(v) for v in inputs.values()))
+        # By name: the heads' forward parameters are the graph input names (states, mask, states_a, ...).
+        out = self.model.heads[task](**{k: self._tensor(v) for k, v in inputs.items()})
         return tuple(o.float().cpu().numpy() for o in (out if isinstance(out, tuple) else (out,)))
 
 
