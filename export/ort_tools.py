@@ -20,10 +20,6 @@ import onnx
 log = logging.getLogger("bertzoo.export")
 
 
-def _replace(tmp: Path, final: Path) -> None:
-    os.replace(tmp, final)
-
-
 def optimize(src: Path, dst: Path, num_heads: int, hidden_size: int) -> dict:
     """Transformer fusions for CPU; returns {"fused": {op: count}, "nodes_before": n, "nodes_after": n}."""
     from onnxruntime.transformers import optimizer
@@ -36,7 +32,7 @@ def optimize(src: Path, dst: Path, num_heads: int, hidden_size: int) -> dict:
     fused = {k: int(v) for k, v in model.get_fused_operator_statistics().items() if v}
     tmp = dst.with_name(f".{dst.name}.tmp")
     model.save_model_to_file(str(tmp))
-    _replace(tmp, dst)
+    os.replace(tmp, dst)
     after = len(onnx.load(str(dst), load_external_data=False).graph.node)
     log.info("optimized %s: %d -> %d nodes, fused %s", src.name, before, after, fused or "nothing")
     return {"fused": fused, "nodes_before": before, "nodes_after": after}
@@ -49,6 +45,6 @@ def quantize_int8(src: Path, dst: Path, per_channel: bool = True) -> dict:
     tmp = dst.with_name(f".{dst.name}.tmp")
     quantize_dynamic(str(src), str(tmp), weight_type=QuantType.QInt8, per_channel=per_channel,
                      op_types_to_quantize=["MatMul"])
-    _replace(tmp, dst)
+    os.replace(tmp, dst)
     log.info("quantized %s -> %s (int8 weights, per_channel=%s)", src.name, dst.name, per_channel)
     return {"weight_type": "QInt8", "per_channel": per_channel, "op_types": ["MatMul"], "source": src.name}

@@ -104,8 +104,9 @@ SparsegenLin <lambda> (scores, mask) => (probs) {{
 # The ONNX Runtime formulation: no TopK. ORT's TopK sorts each row with per-row allocations and is by far the slowest
 # part of the generic body. Instead (as in trainer/sparsegen.py's "bisect"): a few bisection steps bracket tau from
 # below, then a Loop runs Michelot's step ``tau = (sum of z over {z > tau} - 1) / |{z > tau}|`` until no row's support
-# changes. Michelot's step from a lower bound only moves up and stops exactly at tau, so the result is exact (the loop
-# is capped at the row length, its worst case); the bisection makes the loop end after one to three steps in practice.
+# changes. Michelot's step from a lower bound only moves up and stops exactly at tau, so the result is exact. The loop
+# starts at the bisection's lower bound with a support count above any real one, so its first step always runs; it is
+# capped at the row length + 1 (the worst case); the bisection makes it end after two to four steps in practice.
 _ORT_BISECT_STEP = """    sum_lh_{i} = Add (lo_{i}, hi_{i})
     mid_{i} = Mul (sum_lh_{i}, half)
     d_{i} = Sub (z, mid_{i})
@@ -141,18 +142,14 @@ SparsegenLin <lambda> (scores, mask) => (probs) {{
     row_shape = Shape (row_max)
     lo_0 = Expand (minus_one, row_shape)
     hi_0 = Expand (zero, row_shape)
-{bisect}    above0 = Greater (z, lo_{n})
-    above0_f = Cast <to = 1> (above0)
-    cnt0 = ReduceSum <keepdims = 1> (above0_f, last)
-    kept0 = Where (above0, z, zero)
-    s0 = ReduceSum <keepdims = 1> (kept0, last)
-    s0_m1 = Sub (s0, one)
-    size0 = Max (cnt0, one)
-    tau1 = Div (s0_m1, size0)
-    n_keys = Shape <start = -1> (z)
-    max_trip = Squeeze (n_keys)
+{bisect}    n_keys = Shape <start = -1> (z)
+    max_keys = Squeeze (n_keys)
+    one_i = Constant <value_int = 1> ()
+    max_trip = Add (max_keys, one_i)
+    more_than_any_count = Cast <to = 1> (max_trip)
+    cnt_start = Expand (more_than_any_count, row_shape)
     go = Constant <value = bool {{1}}> ()
-    tau, unused_cnt = Loop (max_trip, go, tau1, cnt0) <body = michelot (int64 i, bool cond_in, float tau_in,
+    tau, unused_cnt = Loop (max_trip, go, lo_{n}, cnt_start) <body = michelot (int64 i, bool cond_in, float tau_in,
                                                                        float cnt_in) => (bool cond_out, float tau_out,
                                                                                          float cnt_out) {{
         above = Greater (z, tau_in)
