@@ -373,5 +373,8 @@ def bench_serve(task: str, data: str | None, concurrency: int, duration: float, 
         Path(json_out).write_text(json.dumps(summary, indent=2))
 
 
+# The zoo's commands live in their own modules and register themselves on ``main`` when imported.
+from . import cli_pretrain, cli_zoo  # noqa: E402,F401
+
 if __name__ == "__main__":
     main()

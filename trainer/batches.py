@@ -81,13 +81,17 @@ class TaskStream:
         return rng.permutation(len(self.features))
 
     def next_features(self) -> list[Feature]:
+        return [self.features[i] for i in self.next_indices()]
+
+    def next_indices(self) -> np.ndarray:
+        """This rank's share of the next global batch, as positions in ``self.features``."""
         global_size = self.batch_size * self.world_size
         if self.cursor + global_size > len(self._order) and self.cursor > 0:
             self.passes, self.cursor = self.passes + 1, 0
             self._order = self._permutation()
         indices = np.resize(self._order[self.cursor:], global_size)  # tiny data: wrap around within the pass
         self.cursor += global_size
-        return [self.features[i] for i in indices[self.rank::self.world_size]]
+        return indices[self.rank::self.world_size]
 
     def state_dict(self) -> dict:
         return {"passes": self.passes, "cursor": self.cursor}
@@ -98,12 +102,12 @@ class TaskStream:
 
 
 def task_for_step(step: int, tasks: Sequence[str], sizes: Sequence[int], sampling: str, total_steps: int,
-                  seed: int, min_alpha: float = 0.2) -> str:
+                  seed: int, min_alpha: float = 0.2, weights: Sequence[float] | None = None) -> str:
     """Which task trains at ``step``.
 
     round_robin: tasks in turn. proportional: P(task) ~ its number of training items. annealed (Stickland & Murray
     2019): P(task) ~ size ** alpha with alpha going linearly from 1 to ``min_alpha``, so large tasks dominate early
-    and small ones catch up later.
+    and small ones catch up later. dynamic: P(task) ~ the given ``weights`` (trainer/prioritization.py).
     """
     if sampling == "round_robin":
         return tasks[step % len(tasks)]
@@ -113,6 +117,10 @@ def task_for_step(step: int, tasks: Sequence[str], sizes: Sequence[int], samplin
     elif sampling == "annealed":
         progress = min(step / max(total_steps - 1, 1), 1.0)
         weights = sizes_arr ** (1.0 - (1.0 - min_alpha) * progress)
+    elif sampling == "dynamic":
+        if weights is None:
+            raise ValueError("dynamic sampling needs the prioritizer's weights")
+        weights = np.asarray(weights, dtype=np.float64)
     else:
         raise ValueError(f"unknown sampling {sampling!r}")
     rng = np.random.default_rng([seed, 7919, step])

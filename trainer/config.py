@@ -7,12 +7,13 @@ from dataclasses import asdict, dataclass, field, fields
 
 from bertzoo.tasks import TASK_NAMES, Limits
 
-SAMPLINGS = ("round_robin", "proportional", "annealed")
+SAMPLINGS = ("round_robin", "proportional", "annealed", "dynamic")
 PRECISIONS = ("auto", "fp32", "bf16")
 
 
 @dataclass
 class TrainConfig:
+    preset: str | None = None  # the zoo preset this config started from (bertzoo zoo list); informational
     # data and output
     data_dir: str | None = None  # None: the small samples bundled with bertzoo
     out_dir: str = "runs/default"
@@ -25,7 +26,17 @@ class TrainConfig:
     random_init: bool = False  # build the encoder from the backbone's config with random weights
     encoder_overrides: dict = field(default_factory=dict)  # e.g. {"num_hidden_layers": 2} or {"attention": ...}
     pooling: str = "mean"
-    similarity_head: str = "cosine"
+    similarity_head: str = "cosine"  # cosine | concat | cross_attention | cross_pool
+    # zoo: task-specific heads (trainer/attention_heads.py). Paper 001: self-attention layers on top of the encoder for
+    # sentiment, cross-attention layers between the two sentences for paraphrase and similarity. Paper 004:
+    # bidirectional cross-attention + attention pooling ("cross_pool"). Paper 000: "ssa" (trainer/ssa.py).
+    sentiment_head: str = "linear"  # linear | self_attention | ssa
+    paraphrase_head: str = "concat"  # concat | cross_attention | cross_pool
+    sentiment_attention_layers: int = 2
+    paraphrase_cross_layers: int = 1
+    similarity_cross_layers: int = 3
+    head_uniform_init: bool = False  # paper 001's U(0.9, 1) initialisation of the attention heads' projections
+    similarity_loss: str = "mse"  # mse | neg_pearson (paper 001)
     # sequence limits
     max_seq_length: int = 128
     qa_max_length: int = 384
@@ -46,6 +57,19 @@ class TrainConfig:
     sampling: str = "proportional"
     anneal_min_alpha: float = 0.2  # "annealed": p_task ~ n_task ** alpha, alpha from 1 down to this
     precision: str = "auto"  # auto = bf16 autocast on a GPU that supports it, else fp32
+    # zoo: dynamic task prioritization (trainer/prioritization.py; paper 004), used when sampling = "dynamic"
+    dtp_every: int = 100  # steps between re-weightings (each one evaluates on dtp_eval_limit dev items per task)
+    dtp_eval_limit: int = 200
+    dtp_smoothing_start: float = 0.9  # weight kept from the previous step, moving linearly to dtp_smoothing_end
+    dtp_smoothing_end: float = 0.5
+    # zoo: attention guidance (trainer/guidance.py; paper 003): an MSE loss pulling chosen heads towards fixed patterns
+    ag_weight: float = 0.0  # alpha_0, decayed linearly to 0 over training; 0 turns it off
+    ag_fraction: float = 0.5  # share of heads guided in every layer
+    ag_patterns: tuple[str, ...] = ("next", "prev", "first")  # one head each, the last pattern fills the rest
+    # zoo: self-supervised attention (trainer/ssa.py; paper 000 after Chen et al. 2020)
+    ssa_rounds: int = 0  # probe + re-train rounds after the first fine-tuning phase; 0 turns SSA off
+    ssa_weight: float = 1.0  # weight of the token-label loss
+    ssa_probe_limit: int | None = 2000  # probe at most this many training sentences per round
     seed: int = 0
     # bookkeeping
     eval_every_epoch: bool = True
@@ -55,6 +79,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.tasks = tuple(self.tasks)
+        self.ag_patterns = tuple(self.ag_patterns)
         unknown = [t for t in self.tasks if t not in TASK_NAMES]
         if unknown or not self.tasks:
             raise ValueError(f"tasks must be a non-empty subset of {TASK_NAMES}, got {list(self.tasks)}")
@@ -66,6 +91,12 @@ class TrainConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if not 0.0 <= self.qa_unanswerable_fraction < 1.0:
             raise ValueError(f"qa_unanswerable_fraction must be in [0, 1), got {self.qa_unanswerable_fraction}")
+        if self.similarity_loss not in ("mse", "neg_pearson"):
+            raise ValueError(f"similarity_loss must be 'mse' or 'neg_pearson', got {self.similarity_loss!r}")
+        if not 0.0 <= self.ag_fraction <= 1.0:
+            raise ValueError(f"ag_fraction must be in [0, 1], got {self.ag_fraction}")
+        if self.ssa_rounds < 0:
+            raise ValueError(f"ssa_rounds must be >= 0, got {self.ssa_rounds}")
         if self.qa_doc_stride >= self.qa_max_length:
             raise ValueError(f"qa_doc_stride {self.qa_doc_stride} must be below qa_max_length {self.qa_max_length}")
 

@@ -10,6 +10,7 @@ pooling) without touching the trainer:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +19,10 @@ from torch import Tensor, nn
 from .model import Encoder, EncoderConfig
 
 POOLINGS = ("cls", "mean")
-SIMILARITY_HEADS = ("concat", "cosine")
+# The zoo's heads (trainer/attention_heads.py, trainer/ssa.py) sit beside the baseline ones under these names.
+SENTIMENT_HEADS = ("linear", "self_attention", "ssa")
+PARAPHRASE_HEADS = ("concat", "cross_attention", "cross_pool")
+SIMILARITY_HEADS = ("concat", "cosine", "cross_attention", "cross_pool")
 
 
 @dataclass
@@ -27,15 +31,22 @@ class ModelConfig:
     tasks: tuple[str, ...] = ("sentiment", "paraphrase", "similarity", "qa")
     sentiment_num_labels: int = 5
     pooling: str = "mean"  # "cls" or "mean" over real tokens (padding excluded)
-    similarity_head: str = "cosine"  # "concat" ([u; v; |u-v|] -> score) or "cosine" (scaled to [0, 5])
+    similarity_head: str = "cosine"  # "concat" ([u; v; |u-v|] -> score) or "cosine" (scaled to [0, 5]), or a zoo head
     head_dropout: float = 0.1
     qa_null_threshold: float = 0.0  # QA answers "no answer" when null score - best span score exceeds this
+    # The zoo's task-specific heads (see TrainConfig for what each one is).
+    sentiment_head: str = "linear"
+    paraphrase_head: str = "concat"
+    sentiment_attention_layers: int = 2
+    paraphrase_cross_layers: int = 1
+    similarity_cross_layers: int = 3
+    head_uniform_init: bool = False
 
     def __post_init__(self) -> None:
-        if self.pooling not in POOLINGS:
-            raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
-        if self.similarity_head not in SIMILARITY_HEADS:
-            raise ValueError(f"similarity_head must be one of {SIMILARITY_HEADS}, got {self.similarity_head!r}")
+        for name, allowed in (("pooling", POOLINGS), ("sentiment_head", SENTIMENT_HEADS),
+                              ("paraphrase_head", PARAPHRASE_HEADS), ("similarity_head", SIMILARITY_HEADS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         self.tasks = tuple(self.tasks)
 
     def to_dict(self) -> dict:
@@ -111,36 +122,59 @@ class QAHead(nn.Module):
         return logits[..., 0], logits[..., 1]
 
 
+def build_head(task: str, config: ModelConfig) -> nn.Module:
+    """One task's head as the config names it. Every head keeps the small interface in this module's docstring, so
+    export (one graph per head) and serving take zoo heads unchanged."""
+    hidden, drop = config.encoder.hidden_size, config.head_dropout
+    if task == "sentiment" and config.sentiment_head == "linear":
+        return SentimentHead(hidden, config.sentiment_num_labels, config.pooling, drop)
+    if task == "paraphrase" and config.paraphrase_head == "concat":
+        return ParaphraseHead(hidden, config.pooling, drop)
+    if task == "similarity" and config.similarity_head in ("concat", "cosine"):
+        return SimilarityHead(hidden, config.pooling, config.similarity_head, drop)
+    if task == "qa":
+        return QAHead(hidden)
+    from .zoo_heads import build_zoo_head  # the attention-variant heads of the zoo
+
+    return build_zoo_head(task, config)
+
+
+class ForwardDetails(NamedTuple):
+    """What the training objectives may need beside the head outputs (trainer/objectives.py)."""
+
+    outputs: Tensor | tuple[Tensor, Tensor]
+    attentions: tuple[Tensor, ...] | None  # every encoder layer's attention probabilities, when asked for
+    head: dict[str, Tensor]  # whatever the head chose to report (e.g. an SSA head's token attention)
+
+
 class MultitaskModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
         self.encoder = Encoder(config.encoder)
-        hidden, drop = config.encoder.hidden_size, config.head_dropout
-        heads: dict[str, nn.Module] = {}
-        if "sentiment" in config.tasks:
-            heads["sentiment"] = SentimentHead(hidden, config.sentiment_num_labels, config.pooling, drop)
-        if "paraphrase" in config.tasks:
-            heads["paraphrase"] = ParaphraseHead(hidden, config.pooling, drop)
-        if "similarity" in config.tasks:
-            heads["similarity"] = SimilarityHead(hidden, config.pooling, config.similarity_head, drop)
-        if "qa" in config.tasks:
-            heads["qa"] = QAHead(hidden)
-        self.heads = nn.ModuleDict(heads)
+        self.heads = nn.ModuleDict({task: build_head(task, config) for task in config.tasks})
 
     def encode(self, batch: dict[str, Tensor]) -> Tensor:
         return self.encoder(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids")).last_hidden_state
 
-    def forward(self, task: str, batch: dict[str, Tensor]) -> Tensor | tuple[Tensor, Tensor]:
-        """Head outputs for one task's batch (see bertzoo.tasks for what each task returns).
+    def forward(self, task: str, batch: dict[str, Tensor], details: bool = False, output_attentions: bool = False
+                ) -> Tensor | tuple[Tensor, Tensor] | ForwardDetails:
+        """Head outputs for one task's batch (see bertzoo.tasks for what each task returns), or with ``details`` a
+        ForwardDetails that also carries the encoder's attention maps (``output_attentions``) and the head's report.
 
         Pair tasks carry both sentences in one encoder batch (first half a, second half b) so they share one pass.
         """
         if task not in self.heads:
             raise ValueError(f"this model has no {task!r} head; it was trained for {list(self.heads)}")
-        states = self.encode(batch)
-        mask = batch["attention_mask"]
+        encoded = self.encoder(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"),
+                               output_attentions=output_attentions)
+        states, mask = encoded.last_hidden_state, batch["attention_mask"]
+        head, report = self.heads[task], {}
+        # Only heads that declare ``reports_details`` take the dict; export and serving call heads without it.
+        extra = {"report": report} if details and getattr(head, "reports_details", False) else {}
         if task in ("paraphrase", "similarity"):
             n = states.shape[0] // 2
-            return self.heads[task](states[:n], mask[:n], states[n:], mask[n:])
-        return self.heads[task](states, mask)
+            outputs = head(states[:n], mask[:n], states[n:], mask[n:], **extra)
+        else:
+            outputs = head(states, mask, **extra)
+        return ForwardDetails(outputs, encoded.attentions, report) if details else outputs

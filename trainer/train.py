@@ -35,6 +35,7 @@ from .config import TrainConfig
 from .evaluate import evaluate
 from .heads import ModelConfig, MultitaskModel
 from .model import EncoderConfig
+from .objectives import build_objectives
 
 log = logging.getLogger("bertzoo.train")
 
@@ -75,8 +76,12 @@ def build_model(config: TrainConfig) -> tuple[MultitaskModel, Tokenizer]:
     backbone = resolve_backbone(config.backbone, random_init=config.random_init)
     encoder_config = EncoderConfig.from_dict(backbone.config(), **config.encoder_overrides)
     num_labels = len(task_spec("sentiment", config.sentiment_dataset).labels)
-    model = MultitaskModel(ModelConfig(encoder_config, config.tasks, num_labels, config.pooling,
-                                       config.similarity_head, qa_null_threshold=config.qa_null_threshold))
+    model = MultitaskModel(ModelConfig(
+        encoder_config, config.tasks, num_labels, config.pooling, config.similarity_head,
+        qa_null_threshold=config.qa_null_threshold, sentiment_head=config.sentiment_head,
+        paraphrase_head=config.paraphrase_head, sentiment_attention_layers=config.sentiment_attention_layers,
+        paraphrase_cross_layers=config.paraphrase_cross_layers, similarity_cross_layers=config.similarity_cross_layers,
+        head_uniform_init=config.head_uniform_init))
     if backbone.weights_path is not None:
         model.encoder.load_pretrained(backbone.weights_path)
     return model, Tokenizer.from_file(backbone.tokenizer_path)
@@ -110,11 +115,19 @@ def _unanswerable_top_up(examples: list, config: TrainConfig) -> list:
     return made
 
 
-def task_loss(task: str, outputs, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def negative_pearson(pred: torch.Tensor, target: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """-corr(pred, target) over the batch (paper 001's STS loss): scale-free, it optimises the metric itself."""
+    p, t = pred - pred.mean(), target - target.mean()
+    return -(p * t).sum() / (p.norm() * t.norm() + eps)
+
+
+def task_loss(task: str, outputs, batch: dict[str, torch.Tensor], similarity_loss: str = "mse") -> torch.Tensor:
     if task == "sentiment":
         return F.cross_entropy(outputs.float(), batch["labels"])
     if task == "paraphrase":
         return F.binary_cross_entropy_with_logits(outputs.float(), batch["labels"])
+    if task == "similarity" and similarity_loss == "neg_pearson":
+        return negative_pearson(outputs.float(), batch["labels"])
     if task == "similarity":
         # Scores and targets divided by 5 so this loss is on the same scale as the others.
         return F.mse_loss(outputs.float() / 5.0, batch["labels"] / 5.0)
@@ -176,6 +189,8 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
                  dict(zip(tasks, sizes, strict=True)), epoch_steps, total_steps)
 
     model.to(env.device)
+    objectives = build_objectives(config, tokenizer)
+    needs_attentions = any(o.needs_attentions for o in objectives)
     optimizer = make_optimizer(model, config)
     start_step, best, metrics = 0, float("-inf"), {}
     if resume and (out_dir / "LATEST").exists():
@@ -204,33 +219,45 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
     bar = tqdm(total=total_steps, initial=start_step, disable=not (config.progress and env.is_main),
                desc="train", dynamic_ncols=True)
     window_losses: dict[str, list[float]] = {t: [] for t in tasks}
+    step_seconds: list[float] = []  # per step, data to optimizer: the zoo's cost ratios compare these
     started = time.perf_counter()
     try:
         for step in range(start_step, total_steps):
+            step_started = time.perf_counter()
+            for objective in objectives:
+                objective.prepare(step, total_steps, model, streams)
             task = task_for_step(step, tasks, sizes, config.sampling, total_steps, config.seed,
                                  config.anneal_min_alpha)
-            batch = {k: v.to(env.device) for k, v in collate(task, streams[task].next_features(),
+            indices = streams[task].next_indices()
+            batch = {k: v.to(env.device) for k, v in collate(task, [streams[task].features[i] for i in indices],
                                                                 tokenizer.pad_id).items()}
             for group in optimizer.param_groups:
                 group["lr"] = group["base_lr"] * lr_factor(step, total_steps, config.warmup_ratio)
             with autocast_context(config, env.device):
-                outputs = ddp_model(task, batch)
-            loss = task_loss(task, outputs, batch)
+                details = ddp_model(task, batch, details=True, output_attentions=needs_attentions)
+                loss = task_loss(task, details.outputs, batch, config.similarity_loss)
+                for objective in objectives:
+                    extra = objective.loss(task, indices, batch, details, step / total_steps)
+                    if extra is not None:
+                        window_losses.setdefault(objective.name, []).append(extra.item())
+                        loss = loss + extra
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             window_losses[task].append(loss.item())
+            step_seconds.append(time.perf_counter() - step_started)
             bar.update(1)
             bar.set_postfix(task=task, loss=f"{loss.item():.3f}")
             done = step + 1
             if log_file and (done % config.log_every == 0 or done == total_steps):
                 record = {"step": done, "lr": optimizer.param_groups[0]["lr"], "grad_norm": float(grad_norm),
                           "elapsed_s": round(time.perf_counter() - started, 2),
+                          "step_ms": round(1000 * float(np.median(step_seconds)), 2),
                           "loss": {t: float(np.mean(v)) for t, v in window_losses.items() if v}}
                 log_file.write(json.dumps(record) + "\n")
                 log_file.flush()
-                window_losses = {t: [] for t in tasks}
+                window_losses, step_seconds = {t: [] for t in tasks}, []
             if done % epoch_steps == 0 or done == total_steps:
                 metrics, best = _end_of_epoch(config, env, model, optimizer, tokenizer, dev_splits, streams, done,
                                               best, log_file)
