@@ -30,12 +30,25 @@ def _parse_overrides(pairs: tuple[str, ...]) -> dict:
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep:
-            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--encoder")
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--encoder or --set")
         try:
             overrides[key] = json.loads(raw)
         except json.JSONDecodeError:
             overrides[key] = raw  # a bare string such as attention=sparsegen_lin
     return overrides
+
+
+def _parse_settings(pairs: tuple[str, ...]) -> dict:
+    from dataclasses import fields
+
+    from bertzoo.trainer.config import TrainConfig
+
+    known = {f.name for f in fields(TrainConfig)}
+    settings = _parse_overrides(pairs)
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise click.BadParameter(f"unknown training config key(s) {unknown}", param_hint="--set")
+    return settings
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -46,6 +59,11 @@ def main(verbose: bool) -> None:
 
 
 @main.command()
+@click.option("--preset", default=None, help="Start from a zoo preset (bertzoo zoo list) or a preset .toml file; "
+              "the options below override it.")
+@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
+              help="Any training config field (bertzoo zoo show baseline lists them), JSON value, e.g. "
+                   "--set ssa_rounds=2 --set ag_patterns='[\"next\",\"first\"]'.")
 @click.option("--data", "data_dir", type=click.Path(file_okay=False), default=None,
               help="Data directory in the standard layout (see README). Default: the small bundled samples.")
 @click.option("--out", "out_dir", default="runs/default", help="Run directory: checkpoints, logs, metrics.")
@@ -83,14 +101,16 @@ def main(verbose: bool) -> None:
 @click.option("--no-eval", is_flag=True, help="Skip the per-epoch dev evaluation.")
 @click.option("--no-progress", is_flag=True, help="No progress bar (logs only).")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its last checkpoint and saved config.")
-def train(tasks: str | None, encoder_overrides: tuple[str, ...], random_init: bool | None, no_eval: bool, no_progress: bool,
-          resume: bool, **options) -> None:
+def train(preset: str | None, settings: tuple[str, ...], tasks: str | None, encoder_overrides: tuple[str, ...],
+          random_init: bool | None, no_eval: bool, no_progress: bool, resume: bool, **options) -> None:
     """Fine-tune one multitask model (sentiment, paraphrase, similarity, QA) and evaluate it on dev."""
     from bertzoo.trainer.config import TrainConfig
     from bertzoo.trainer.evaluate import format_metrics
     from bertzoo.trainer.train import train as run_training
+    from bertzoo.zoo import PresetError, load_preset
 
     given = {k: v for k, v in options.items() if v is not None}
+    given.update(_parse_settings(settings))
     if tasks:
         given["tasks"] = _parse_tasks(tasks)
     if random_init:
@@ -107,8 +127,16 @@ def train(tasks: str | None, encoder_overrides: tuple[str, ...], random_init: bo
         explicit = {k: v for k, v in given.items()
                     if ctx.get_parameter_source(param_of.get(k, k)) == click.core.ParameterSource.COMMANDLINE}
         config = TrainConfig.from_dict({**json.loads(saved.read_text()), **explicit})
+    elif preset:
+        try:
+            config = load_preset(preset).config(**given)
+        except PresetError as e:
+            raise click.BadParameter(str(e), param_hint="--preset") from e
     else:
-        config = TrainConfig(**given)
+        try:
+            config = TrainConfig(**given)
+        except (TypeError, ValueError) as e:
+            raise click.UsageError(str(e)) from e
     _, metrics = run_training(config, resume=resume)
     if metrics:
         click.echo(format_metrics(metrics))

@@ -107,6 +107,10 @@ class Tokenizer:
             raise ValueError(f"invalid tokenizer JSON: {exc}") from exc
         return cls(tok, source="<json string>")
 
+    def tokens(self, ids: Sequence[int]) -> list[str]:
+        """The vocabulary string of each id (for plots and debugging; not a detokenizer)."""
+        return [self._tok.id_to_token(int(i)) or "[?]" for i in ids]
+
     def to_str(self) -> str:
         # Serialized with truncation/padding off, so a reload behaves identically.
         return self._tok.to_str()
