@@ -93,7 +93,8 @@ def main(verbose: bool) -> None:
 @click.option("--weight-decay", type=float, default=None)
 @click.option("--warmup-ratio", type=float, default=None)
 @click.option("--grad-clip", type=float, default=None)
-@click.option("--sampling", type=click.Choice(["round_robin", "proportional", "annealed"]), default=None)
+@click.option("--sampling", type=click.Choice(["round_robin", "proportional", "annealed", "dynamic"]), default=None,
+              help="Task sampling; dynamic = task prioritization (paper 004), see the dtp_* settings.")
 @click.option("--precision", type=click.Choice(["auto", "fp32", "bf16"]), default=None)
 @click.option("--seed", type=int, default=None)
 @click.option("--log-every", type=int, default=None)

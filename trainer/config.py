@@ -60,8 +60,10 @@ class TrainConfig:
     # zoo: dynamic task prioritization (trainer/prioritization.py; paper 004), used when sampling = "dynamic"
     dtp_every: int = 100  # steps between re-weightings (each one evaluates on dtp_eval_limit dev items per task)
     dtp_eval_limit: int = 200
-    dtp_smoothing_start: float = 0.9  # weight kept from the previous step, moving linearly to dtp_smoothing_end
+    # share of the new proposal in each re-weighting (paper 004's alpha), moving linearly to dtp_smoothing_end
+    dtp_smoothing_start: float = 0.9
     dtp_smoothing_end: float = 0.5
+    dtp_reference: str = "train"  # gap = score on dtp_eval_limit train items - dev score ("train"), or 1 - dev ("target")
     # zoo: attention guidance (trainer/guidance.py; paper 003): an MSE loss pulling chosen heads towards fixed patterns
     ag_weight: float = 0.0  # alpha_0, decayed linearly to 0 over training; 0 turns it off
     ag_fraction: float = 0.5  # share of heads guided in every layer
@@ -70,6 +72,8 @@ class TrainConfig:
     ssa_rounds: int = 0  # probe + re-train rounds after the first fine-tuning phase; 0 turns SSA off
     ssa_weight: float = 1.0  # weight of the token-label loss
     ssa_probe_limit: int | None = 2000  # probe at most this many training sentences per round
+    ssa_mode: str = "attention"  # attention (SSA layer feeds the head) | classifier (token classifier) | both
+    ssa_probe_batch_size: int = 256  # masked sentence variants per probing forward pass
     seed: int = 0
     # bookkeeping
     eval_every_epoch: bool = True
@@ -97,6 +101,14 @@ class TrainConfig:
             raise ValueError(f"ag_fraction must be in [0, 1], got {self.ag_fraction}")
         if self.ssa_rounds < 0:
             raise ValueError(f"ssa_rounds must be >= 0, got {self.ssa_rounds}")
+        if self.ssa_mode not in ("attention", "classifier", "both"):
+            raise ValueError(f"ssa_mode must be 'attention', 'classifier' or 'both', got {self.ssa_mode!r}")
+        if self.ssa_probe_batch_size < 1:
+            raise ValueError(f"ssa_probe_batch_size must be >= 1, got {self.ssa_probe_batch_size}")
+        if self.dtp_reference not in ("train", "target"):
+            raise ValueError(f"dtp_reference must be 'train' or 'target', got {self.dtp_reference!r}")
+        if self.dtp_every < 1 or self.dtp_eval_limit < 1:
+            raise ValueError(f"dtp_every and dtp_eval_limit must be >= 1, got {self.dtp_every}, {self.dtp_eval_limit}")
         if self.qa_doc_stride >= self.qa_max_length:
             raise ValueError(f"qa_doc_stride {self.qa_doc_stride} must be below qa_max_length {self.qa_max_length}")
 

@@ -41,6 +41,7 @@ class ModelConfig:
     paraphrase_cross_layers: int = 1
     similarity_cross_layers: int = 3
     head_uniform_init: bool = False
+    ssa_mode: str = "attention"  # the "ssa" sentiment head's variant (trainer/ssa.py)
 
     def __post_init__(self) -> None:
         for name, allowed in (("pooling", POOLINGS), ("sentiment_head", SENTIMENT_HEADS),

@@ -36,6 +36,9 @@ from .evaluate import evaluate
 from .heads import ModelConfig, MultitaskModel
 from .model import EncoderConfig
 from .objectives import build_objectives
+from .plots import training_curves
+from .prioritization import TaskPrioritizer, broadcast, reprioritize
+from .sparsity import attention_zero_fraction
 
 log = logging.getLogger("bertzoo.train")
 
@@ -81,7 +84,7 @@ def build_model(config: TrainConfig) -> tuple[MultitaskModel, Tokenizer]:
         qa_null_threshold=config.qa_null_threshold, sentiment_head=config.sentiment_head,
         paraphrase_head=config.paraphrase_head, sentiment_attention_layers=config.sentiment_attention_layers,
         paraphrase_cross_layers=config.paraphrase_cross_layers, similarity_cross_layers=config.similarity_cross_layers,
-        head_uniform_init=config.head_uniform_init))
+        head_uniform_init=config.head_uniform_init, ssa_mode=config.ssa_mode))
     if backbone.weights_path is not None:
         model.encoder.load_pretrained(backbone.weights_path)
     return model, Tokenizer.from_file(backbone.tokenizer_path)
@@ -187,6 +190,13 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
     if env.is_main:
         log.info("training items per task: %s; %d steps per epoch; %d steps in all",
                  dict(zip(tasks, sizes, strict=True)), epoch_steps, total_steps)
+    prioritizer, dtp_splits = None, {}
+    if config.sampling == "dynamic":  # paper 004's dynamic task prioritization (trainer/prioritization.py)
+        prioritizer = TaskPrioritizer(tasks, config.dtp_smoothing_start, config.dtp_smoothing_end)
+        # Its own dev slice, loaded whether or not eval_every_epoch is on; the train slice is the gap's reference.
+        dtp_splits = {"dev": load_splits(config, "dev", config.dtp_eval_limit)}
+        if config.dtp_reference == "train":
+            dtp_splits["train"] = {t: examples[:config.dtp_eval_limit] for t, examples in train_splits.items()}
 
     model.to(env.device)
     objectives = build_objectives(config, tokenizer)
@@ -202,6 +212,8 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
         torch.set_rng_state(rng)
         for task, state in meta["streams"].items():
             streams[task].load_state_dict(state)
+        if prioritizer is not None and "prioritizer" in meta:
+            prioritizer.load_state_dict(meta["prioritizer"])
         start_step, best = meta["step"], meta.get("best", best)
         metrics = json.loads((directory / ckpt.METRICS).read_text())
         if env.is_main:
@@ -219,7 +231,7 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
     bar = tqdm(total=total_steps, initial=start_step, disable=not (config.progress and env.is_main),
                desc="train", dynamic_ncols=True)
     window_losses: dict[str, list[float]] = {t: [] for t in tasks}
-    step_seconds: list[float] = []  # per step, data to optimizer: the zoo's cost ratios compare these
+    step_seconds: dict[str, list[float]] = {}  # per task, data to optimizer step: the zoo's cost ratios use these
     started = time.perf_counter()
     try:
         for step in range(start_step, total_steps):
@@ -227,7 +239,7 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
             for objective in objectives:
                 objective.prepare(step, total_steps, model, streams)
             task = task_for_step(step, tasks, sizes, config.sampling, total_steps, config.seed,
-                                 config.anneal_min_alpha)
+                                 config.anneal_min_alpha, weights=prioritizer.weights if prioritizer else None)
             indices = streams[task].next_indices()
             batch = {k: v.to(env.device) for k, v in collate(task, [streams[task].features[i] for i in indices],
                                                                 tokenizer.pad_id).items()}
@@ -236,6 +248,7 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
             with autocast_context(config, env.device):
                 details = ddp_model(task, batch, details=True, output_attentions=needs_attentions)
                 loss = task_loss(task, details.outputs, batch, config.similarity_loss)
+                window_losses[task].append(loss.item())  # the task's own loss; auxiliary ones are logged apart
                 for objective in objectives:
                     extra = objective.loss(task, indices, batch, details, step / total_steps)
                     if extra is not None:
@@ -245,22 +258,33 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            window_losses[task].append(loss.item())
-            step_seconds.append(time.perf_counter() - step_started)
+            step_seconds.setdefault(task, []).append(time.perf_counter() - step_started)
             bar.update(1)
             bar.set_postfix(task=task, loss=f"{loss.item():.3f}")
             done = step + 1
             if log_file and (done % config.log_every == 0 or done == total_steps):
                 record = {"step": done, "lr": optimizer.param_groups[0]["lr"], "grad_norm": float(grad_norm),
                           "elapsed_s": round(time.perf_counter() - started, 2),
-                          "step_ms": round(1000 * float(np.median(step_seconds)), 2),
+                          "step_ms": {t: round(1000 * float(np.median(v)), 2) for t, v in step_seconds.items()},
                           "loss": {t: float(np.mean(v)) for t, v in window_losses.items() if v}}
+                if prioritizer is not None:
+                    record["task_weights"] = dict(zip(tasks, prioritizer.weights, strict=True))
                 log_file.write(json.dumps(record) + "\n")
                 log_file.flush()
-                window_losses, step_seconds = {t: [] for t in tasks}, []
+                window_losses, step_seconds = {t: [] for t in tasks}, {}
+            if prioritizer is not None and done % config.dtp_every == 0 and done < total_steps:
+                if env.is_main:  # before the checkpoint below, so a resume starts from the new weights
+                    dtp = reprioritize(prioritizer, model, dtp_splits, tokenizer, limits, config.sentiment_dataset,
+                                       done / total_steps)
+                    log.info("step %d: task weights %s", done, {t: round(w, 3) for t, w in dtp["weights"].items()})
+                    if log_file:
+                        log_file.write(json.dumps({"step": done, "dtp": dtp}) + "\n")
+                        log_file.flush()
+                broadcast(prioritizer)
             if done % epoch_steps == 0 or done == total_steps:
                 metrics, best = _end_of_epoch(config, env, model, optimizer, tokenizer, dev_splits, streams, done,
-                                              best, log_file)
+                                              best, log_file,
+                                              {"prioritizer": prioritizer.state_dict()} if prioritizer else None)
     finally:
         bar.close()
         if log_file:
@@ -270,7 +294,7 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
 
 def _end_of_epoch(config: TrainConfig, env: Dist, model: MultitaskModel, optimizer: torch.optim.Optimizer,
                   tokenizer: Tokenizer, dev_splits: dict[str, list], streams: dict[str, TaskStream], step: int,
-                  best: float, log_file) -> tuple[dict, float]:
+                  best: float, log_file, extra_state: dict | None = None) -> tuple[dict, float]:
     """Rank 0 evaluates on dev (if asked) and saves a checkpoint; the other ranks wait for it."""
     metrics: dict = {}
     is_best = False
@@ -284,12 +308,24 @@ def _end_of_epoch(config: TrainConfig, env: Dist, model: MultitaskModel, optimiz
             score = float(np.nanmean(primaries))
             is_best = score > best
             best = max(best, score)
-            log_file.write(json.dumps({"step": step, "dev": metrics, "dev_score": score}) + "\n")
+            record = {"step": step, "dev": metrics, "dev_score": score}
+            if model.config.encoder.attention != "softmax" and "sentiment" in dev_splits:
+                # SSAF's visible effect: the share of exactly-zero attention weights per layer on dev sentences.
+                encodings = build_features("sentiment", dev_splits["sentiment"][:256], tokenizer, config.limits)
+                record["attention_zero_fraction"] = attention_zero_fraction(
+                    model.encoder, [f.encodings[0] for f in encodings], tokenizer.pad_id)
+                log.info("exactly-zero attention weights per layer: %s",
+                         " ".join(f"{z:.1%}" for z in record["attention_zero_fraction"]))
+            log_file.write(json.dumps(record) + "\n")
             log_file.flush()
-        state = {"step": step, "best": best, "streams": {t: s.state_dict() for t, s in streams.items()}}
+        state = {"step": step, "best": best, "streams": {t: s.state_dict() for t, s in streams.items()},
+                 **(extra_state or {})}
         path = ckpt.save_checkpoint(Path(config.out_dir), step, model, config.to_dict(), tokenizer.to_str(), metrics,
                                     optimizer, state, keep=config.keep_checkpoints, is_best=is_best or not dev_splits)
         log.info("saved %s%s", path, " (best so far)" if is_best else "")
+        if log_file:
+            log_file.flush()
+            training_curves(Path(config.out_dir) / "train_log.jsonl", Path(config.out_dir) / "curves.png")
     if env.world_size > 1:
         dist.barrier()  # the other ranks wait while rank 0 evaluates and saves
     return metrics, best
