@@ -105,7 +105,7 @@ def print_table(results: dict) -> None:
         detail = r["qa_detail"]
         if "HasAns_f1" in detail and "NoAns_f1" in detail:
             qa += f" ({detail['HasAns_f1']:.1f} / {detail['NoAns_f1']:.1f})"
-        ratio = "1.00" if label == "baseline" or base is None else "{:.2f}".format(np.mean(
+        ratio = "1.00" if label == "baseline" else "-" if base is None else "{:.2f}".format(np.mean(
             [r["step_ms"][t] / base["step_ms"][t] for t in r["step_ms"] if t in base["step_ms"]]))
         per_task = ", ".join(f"{t} {ms:.0f}" for t, ms in r["step_ms"].items())
         zeros = " ".join(f"{z:.0%}" for z in r["zero_fraction"]) if r["zero_fraction"] else "-"
