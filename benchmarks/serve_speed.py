@@ -194,6 +194,8 @@ def main() -> None:
     bertzoo = [str(Path(sys.executable).with_name("bertzoo")), "serve", args.artifact, "--metrics-port", "0",
                "--threads", str(args.threads)]
     servers = {f"bertzoo serve, {v}": [*bertzoo, "--variant", v] for v in ("fp32", "int8")}
+    # The batcher's padding, side by side: to the batch's longest sequence (the default) or to its length bucket.
+    servers["bertzoo serve, fp32, --pad-to bucket"] = [*bertzoo, "--variant", "fp32", "--pad-to", "bucket"]
     servers["plain gRPC + PyTorch eager, one request at a time"] = [sys.executable, __file__, args.artifact,
                                                                    args.checkpoint, "--data", args.data,
                                                                    "--plain-server"]

@@ -73,7 +73,8 @@ def main() -> None:
     parser.add_argument("--eval-limit", type=int, default=1000, help="dev examples per task")
     parser.add_argument("--presets", default=",".join(PRESETS))
     parser.add_argument("--ssaf-lambdas", default="-7", help="extra SSAF runs (the preset itself uses -3)")
-    parser.add_argument("--reuse", action="store_true", help="summarise runs already in --out instead of training")
+    parser.add_argument("--reuse", action="store_true",
+                        help="summarise every run already in --out (the named ones first) instead of training")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -81,12 +82,16 @@ def main() -> None:
     runs = {name: (name, []) for name in args.presets.split(",")}
     for lam in filter(None, args.ssaf_lambdas.split(",")):
         runs[f"ssaf_lambda{lam}"] = ("ssaf", ["--encoder", f"sparsegen_lambda={float(lam)}"])
-    results = {}
-    for label, (preset, extra) in runs.items():
-        if not args.reuse:
+    if args.reuse:  # every finished run in --out, the named ones first
+        done = [d.name for d in sorted(out.iterdir()) if (d / "train_log.jsonl").is_file()]
+        labels = [*[r for r in runs if r in done], *[d for d in done if d not in runs]]
+        results = {label: summarise(out / label) for label in labels}
+    else:
+        results = {}
+        for label, (preset, extra) in runs.items():
             wall = train(bertzoo, preset, out / label, args, extra)
             print(f"{label}: {wall:.0f} s", flush=True)
-        results[label] = summarise(out / label)
+            results[label] = summarise(out / label)
     (out / "zoo_table.json").write_text(json.dumps(results, indent=2))
     print_table(results)
     qa = next((r["qa_detail"] for r in results.values() if "NoAns_total" in r["qa_detail"]), None)

@@ -283,6 +283,8 @@ def _serve_option(*decls: str, name: str, **kwargs):
                help="Requests waiting for the model; more are answered RESOURCE_EXHAUSTED.")
 @_serve_option("--max-queue-delay-ms", name="max_queue_delay_ms", type=float,
                help="How long an idle model waits to fill a batch; 0: never.")
+@_serve_option("--pad-to", name="pad_to", type=click.Choice(["longest", "bucket"]),
+               help="Pad a batch to its longest sequence (least compute on CPU) or to its length bucket (fixed shapes).")
 @_serve_option("--tls-cert", name="tls_cert", type=click.Path(exists=True, dir_okay=False),
                help="PEM certificate (chain); with --tls-key the server speaks TLS only.")
 @_serve_option("--tls-key", name="tls_key", type=click.Path(exists=True, dir_okay=False), help="PEM private key.")
@@ -296,7 +298,7 @@ def _serve_option(*decls: str, name: str, **kwargs):
 @_serve_option("--tokenize-threads", name="tokenize_threads", type=int, help="Tokenizer threads.")
 @_serve_option("--warmup/--no-warmup", name="warmup", help="Run every length bucket once before reporting SERVING.")
 def serve(auth_token_file: str | None, max_batch_size: int, max_batch_tokens: int, max_queue: int,
-          max_queue_delay_ms: float, **options) -> None:
+          max_queue_delay_ms: float, pad_to: str, **options) -> None:
     """Serve MODEL_DIR over gRPC (bertzoo.v1.Bertzoo, health, reflection) until SIGTERM, with a dynamic batcher and
     Prometheus metrics. Every option can also be set by the environment variable shown."""
     import asyncio
@@ -308,7 +310,7 @@ def serve(auth_token_file: str | None, max_batch_size: int, max_batch_tokens: in
     if auth_token_file:
         options["auth_token"] = Path(auth_token_file).read_text().strip()
     try:
-        batch = BatchSettings(max_batch_size, max_batch_tokens, max_queue, max_queue_delay_ms)
+        batch = BatchSettings(max_batch_size, max_batch_tokens, max_queue, max_queue_delay_ms, pad_to)
         config = ServeConfig(batch=batch, **options)
     except ValueError as e:
         raise click.UsageError(str(e)) from e

@@ -254,7 +254,8 @@ class Batcher:
 
     def _launch(self, items: list[_Item], bucket: int) -> None:
         works = [item.job.works[item.index] for item in items]
-        batch = _Batch(items, bucket, prepare_inputs(works, bucket, self._pad_id), sum(i.rows for i in items))
+        width = bucket if self._settings.pad_to == "bucket" else None
+        batch = _Batch(items, bucket, prepare_inputs(works, width, self._pad_id), sum(i.rows for i in items))
         self._in_flight += 1
         task = asyncio.get_running_loop().create_task(self._execute(batch))
         self._batch_tasks.add(task)
@@ -283,7 +284,7 @@ class Batcher:
             self._deliver(batch, outputs, started, ended)
             self._metrics.batch_seconds.observe(ended - started)
             self._metrics.batch_size.observe(batch.rows)
-            self._metrics.batch_tokens.observe(batch.rows * batch.bucket)
+            self._metrics.batch_tokens.observe(batch.inputs["input_ids"].size)
         finally:
             self._in_flight -= 1
             self._wake.set()

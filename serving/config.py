@@ -19,11 +19,17 @@ class BatchSettings:
     max_batch_tokens: int = 16384  # rows x padded length per batch: the real compute, padding included
     max_queue: int = 256  # requests waiting for the encoder; one more is answered RESOURCE_EXHAUSTED
     max_queue_delay_ms: float = 0.0  # how long an idle model waits for a fuller batch; 0: never
+    # "longest": pad a batch to its longest sequence (rounded up to a multiple of 8), which is least compute on ONNX
+    # Runtime CPU, where every shape is as fast as any other. "bucket": pad to the bucket length, for runtimes that
+    # prefer a few fixed shapes (e.g. a TensorRT engine with one optimisation profile per bucket, or CUDA graphs).
+    pad_to: str = "longest"
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_batch_tokens", "max_queue"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.pad_to not in ("longest", "bucket"):
+            raise ValueError(f"pad_to must be 'longest' or 'bucket', got {self.pad_to!r}")
         if self.max_queue_delay_ms < 0:
             raise ValueError(f"max_queue_delay_ms must be >= 0, got {self.max_queue_delay_ms}")
 

@@ -1,4 +1,5 @@
-"""One encoder batch on a backend: pad the sequences to the batch's length bucket, run the encoder once over all of
+"""One encoder batch on a backend: pad the sequences (to the longest, or to the batch's length bucket), run the encoder
+once over all of
 them (whatever task each comes from), then each task's head on the rows of that task.
 
 Heads get exactly the inputs ``bertzoo.pipeline.predict`` gives them (states trimmed to each sequence and padded
@@ -34,12 +35,16 @@ class Work:
         return max(len(r.input_ids) for r in self.rows)
 
 
-def prepare_inputs(works: Sequence[Work], width: int, pad_id: int) -> dict[str, np.ndarray]:
-    """Encoder inputs [rows, width] (int64): every row of every work, in order, right-padded to ``width``."""
+PAD_MULTIPLE = 8  # lengths rounded up to this: fewer distinct shapes for the runtime, SIMD-friendly widths
+
+
+def prepare_inputs(works: Sequence[Work], width: int | None, pad_id: int) -> dict[str, np.ndarray]:
+    """Encoder inputs [rows, width] (int64): every row of every work, in order, right-padded to ``width`` (a bucket
+    length), or with ``width=None`` to the longest row rounded up to a multiple of ``PAD_MULTIPLE``."""
     rows = [r for w in works for r in w.rows]
-    batch = pad_batch(rows, pad_id)
-    extra = width - batch["input_ids"].shape[1]
-    if extra > 0:  # pad to the bucket, not just the longest row: a few fixed shapes instead of one per length
+    batch = pad_batch(rows, pad_id, pad_to_multiple_of=PAD_MULTIPLE if width is None else 1)
+    extra = 0 if width is None else width - batch["input_ids"].shape[1]
+    if extra > 0:  # pad to the bucket: a few fixed shapes instead of one per length
         batch = {k: np.pad(v, ((0, 0), (0, extra)), constant_values=pad_id if k == "input_ids" else 0)
                  for k, v in batch.items()}
     return batch

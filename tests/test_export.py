@@ -21,9 +21,12 @@ from bertzoo.trainer.evaluate import TorchBackend
 from bertzoo.trainer.train import train
 
 SSAF = {"attention": "sparsegen_lin", "sparsegen_lambda": -1.0}
+# The zoo's heads go through the same export and serving path as the baseline ones: one model carrying an SSA
+# sentiment head, a cross-attention paraphrase head (paper 001) and a cross-attention + pooling similarity head (004).
+ZOO_HEADS = {"sentiment_head": "ssa", "paraphrase_head": "cross_attention", "similarity_head": "cross_pool"}
 
 
-@pytest.fixture(scope="module", params=["softmax", "sparsegen_lin"])
+@pytest.fixture(scope="module", params=["softmax", "sparsegen_lin", "zoo_heads"])
 def exported(request, tmp_path_factory):
     """(checkpoint dir, artifact dir) for a tiny model trained a few steps and exported with every CPU variant."""
     from bertzoo.trainer.config import TrainConfig
@@ -33,7 +36,7 @@ def exported(request, tmp_path_factory):
     encoder = dict(TINY_ENCODER, **(SSAF if request.param == "sparsegen_lin" else {}))
     config = TrainConfig(out_dir=str(root / "run"), random_init=True, encoder_overrides=encoder, limit_per_task=16,
                          batch_size=4, max_steps=4, lr=1e-3, qa_max_length=128, qa_doc_stride=32, progress=False,
-                         eval_every_epoch=False)
+                         eval_every_epoch=False, **(ZOO_HEADS if request.param == "zoo_heads" else {}))
     train(config)
     export_checkpoint(root / "run", root / "artifact",
                       ExportOptions(optimize=True, int8=True, triton=True, parity_limit=24))

@@ -67,7 +67,8 @@ async def until(condition, timeout: float = 5.0) -> None:
         await asyncio.sleep(0.005)
 
 
-def test_requests_waiting_behind_a_running_batch_share_the_next_one_padded_to_their_bucket():
+@pytest.mark.parametrize("pad_to, width", [("longest", 8), ("bucket", 16)])
+def test_requests_waiting_behind_a_running_batch_share_the_next_one(pad_to, width):
     runner = Runner()
 
     async def scenario(batcher: Batcher):
@@ -78,10 +79,11 @@ def test_requests_waiting_behind_a_running_batch_share_the_next_one_padded_to_th
         runner.gate.set()
         return await first.future, [await job.future for job in waiting]
 
-    first, waiting = run(scenario, runner)
+    first, waiting = run(scenario, runner, pad_to=pad_to)
     assert first == [10] and waiting == [[(10 + i) * 10] for i in range(6)]
     assert [b[0] for b in runner.batches] == [[1], list(range(10, 16))]
-    assert runner.batches[1][1] == (6, 16)  # padded to the bucket, not to the longest sequence (8)
+    # Lengths 3..8 in bucket 16: padded to the longest (8, a multiple of 8) or to the bucket.
+    assert runner.batches[1][1] == (6, width)
 
 
 def test_batches_respect_size_and_token_limits_and_keep_an_oversized_item_whole():

@@ -126,3 +126,29 @@ def test_softmax_attention_has_no_exact_zeros_but_sparsegen_does():
             module.weight.data *= 8
     fractions = attention_zero_fraction(sparse, encodings, pad_id=0)
     assert all(0.0 < f < 1.0 for f in fractions)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SYSTEMS))
+def test_one_short_run_per_preset(name, tmp_path):
+    """Every preset trains end to end on a tiny encoder (its mechanisms switched on as the preset sets them), saves a
+    checkpoint that loads back with the same heads, and logs its auxiliary losses."""
+    from bertzoo.trainer.checkpoint import load_model
+    from bertzoo.trainer.train import train
+
+    preset = load_preset(name)
+    config = preset.config(out_dir=str(tmp_path / name), random_init=True, encoder_overrides=dict(TINY_ENCODER),
+                           limit_per_task=16, eval_limit_per_task=8, batch_size=4, max_steps=9, lr=1e-3,
+                           qa_max_length=128, qa_doc_stride=32, progress=False, log_every=1, dtp_every=4,
+                           dtp_eval_limit=8)
+    model, metrics = train(config)
+    assert set(metrics) == {"sentiment", "paraphrase", "similarity", "qa"}
+    loaded, saved, _ = load_model(tmp_path / name)
+    assert saved["train"]["preset"] == name
+    assert {t: type(h).__name__ for t, h in loaded.heads.items()} == {t: type(h).__name__ for t, h in model.heads.items()}
+    records = [json.loads(line) for line in (tmp_path / name / "train_log.jsonl").read_text().splitlines()]
+    logged = set().union(*(r.get("loss", {}).keys() for r in records))
+    expected = {"ag": {"attention_guidance"}, "ssa": {"ssa"}}.get(name, set())
+    assert expected <= logged, logged
+    if name == "cross_pool_dtp":
+        assert any("dtp" in r for r in records)
