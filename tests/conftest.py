@@ -34,6 +34,35 @@ def tiny_train_config(tmp_path):
     return make
 
 
+def interrupt_training(monkeypatch, config, at_loss_call: int) -> None:
+    """Train with ``config`` until its ``at_loss_call``-th task loss, and raise KeyboardInterrupt there, as a killed
+    run would stop; the run directory keeps whatever checkpoints were written before."""
+    from bertzoo.trainer import train as train_module
+
+    real_loss, calls = train_module.task_loss, {"n": 0}
+
+    def crash(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == at_loss_call:
+            raise KeyboardInterrupt
+        return real_loss(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "task_loss", crash)
+    with pytest.raises(KeyboardInterrupt):
+        train_module.train(config)
+    monkeypatch.setattr(train_module, "task_loss", real_loss)
+
+
+def multitask_batch():
+    """Token ids for a MultitaskModel forward: 6 sentences of 9 tokens (3 pairs for the pair tasks), one padded."""
+    import torch
+
+    ids = torch.randint(1000, 2000, (6, 9))
+    mask = torch.ones(6, 9, dtype=torch.long)
+    mask[2, 4:] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
 @pytest.fixture(scope="session")
 def samples():
     return samples_dir()

@@ -17,7 +17,7 @@ from bertzoo.trainer.heads import ModelConfig, MultitaskModel
 from bertzoo.trainer.model import EncoderConfig
 from bertzoo.trainer.train import negative_pearson
 from bertzoo.trainer.zoo_heads import build_zoo_head
-from conftest import TINY_ENCODER
+from conftest import TINY_ENCODER, multitask_batch
 
 HIDDEN = TINY_ENCODER["hidden_size"]
 # (sentiment_head, paraphrase_head, similarity_head): together every zoo head of this module, in two models.
@@ -49,10 +49,7 @@ def _inputs(b: int, t: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_multitask_forward_shapes_and_ranges(variant):
     model = _model(*variant)
-    ids = torch.randint(1000, 2000, (6, 9))
-    mask = torch.ones(6, 9, dtype=torch.long)
-    mask[2, 4:] = 0
-    batch = {"input_ids": ids, "attention_mask": mask}
+    batch = multitask_batch()
     assert model("sentiment", batch).shape == (6, 5)
     assert model("paraphrase", batch).shape == (3,)
     scores = model("similarity", batch)

@@ -7,7 +7,7 @@ import torch
 
 from bertzoo.trainer.heads import ModelConfig, MultitaskModel, pool
 from bertzoo.trainer.model import EncoderConfig
-from conftest import TINY_ENCODER
+from conftest import TINY_ENCODER, multitask_batch
 
 
 def test_mean_pool_ignores_padding():
@@ -22,10 +22,7 @@ def test_multitask_forward_shapes_and_ranges(similarity_head):
     torch.manual_seed(0)
     model = MultitaskModel(ModelConfig(EncoderConfig(**TINY_ENCODER), sentiment_num_labels=5,
                                        similarity_head=similarity_head)).eval()
-    ids = torch.randint(1000, 2000, (6, 9))
-    mask = torch.ones(6, 9, dtype=torch.long)
-    mask[2, 4:] = 0
-    batch = {"input_ids": ids, "attention_mask": mask}
+    batch = multitask_batch()
     assert model("sentiment", batch).shape == (6, 5)
     assert model("paraphrase", batch).shape == (3,)
     scores = model("similarity", batch)

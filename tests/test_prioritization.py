@@ -12,6 +12,7 @@ import torch
 from bertzoo.trainer import train as train_module
 from bertzoo.trainer.batches import task_for_step
 from bertzoo.trainer.prioritization import TaskPrioritizer, primary_scores
+from conftest import interrupt_training
 
 TASKS = ("a", "b", "c")
 
@@ -133,18 +134,8 @@ def test_resume_continues_the_same_weights(tiny_train_config, tmp_path, monkeypa
     expected, _ = train_module.train(tiny_train_config(out_dir=str(tmp_path / "a"), **common))
 
     interrupted = tiny_train_config(out_dir=str(tmp_path / "b"), **common)
-    real_loss, calls = train_module.task_loss, {"n": 0}
-
-    def crash_late(*args):
-        calls["n"] += 1
-        if calls["n"] == 13:  # after the first epoch's checkpoint (step 9) and a re-weighting (step 12)
-            raise KeyboardInterrupt
-        return real_loss(*args)
-
-    monkeypatch.setattr(train_module, "task_loss", crash_late)
-    with pytest.raises(KeyboardInterrupt):
-        train_module.train(interrupted)
-    monkeypatch.setattr(train_module, "task_loss", real_loss)
+    # After the first epoch's checkpoint (step 9) and a re-weighting (step 12).
+    interrupt_training(monkeypatch, interrupted, at_loss_call=13)
     assert (tmp_path / "b" / "LATEST").read_text() == "checkpoint-000009"
     resumed, _ = train_module.train(interrupted, resume=True)
 

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from bertzoo.cli import main
 from bertzoo.trainer import train as train_module
 from bertzoo.trainer.checkpoint import load_model, resolve_checkpoint
-from conftest import TINY_ENCODER
+from conftest import TINY_ENCODER, interrupt_training
 
 
 def test_train_writes_atomic_checkpoints_and_log(tiny_train_config):
@@ -40,18 +40,7 @@ def test_resume_after_interruption_gives_the_same_weights(tiny_train_config, tmp
     expected, _ = train_module.train(uninterrupted)
 
     interrupted = tiny_train_config(out_dir=str(tmp_path / "b"), eval_every_epoch=False)
-    real_loss, calls = train_module.task_loss, {"n": 0}
-
-    def crash_late(*args):
-        calls["n"] += 1
-        if calls["n"] == 40:  # after the first epoch's checkpoint, before the end
-            raise KeyboardInterrupt
-        return real_loss(*args)
-
-    monkeypatch.setattr(train_module, "task_loss", crash_late)
-    with pytest.raises(KeyboardInterrupt):
-        train_module.train(interrupted)
-    monkeypatch.setattr(train_module, "task_loss", real_loss)
+    interrupt_training(monkeypatch, interrupted, at_loss_call=40)  # after the first epoch's checkpoint
     assert (tmp_path / "b" / "LATEST").exists()
     resumed, _ = train_module.train(interrupted, resume=True)
     for name, tensor in expected.state_dict().items():
