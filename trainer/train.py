@@ -13,7 +13,7 @@ import os
 import random
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -79,12 +79,9 @@ def build_model(config: TrainConfig) -> tuple[MultitaskModel, Tokenizer]:
     backbone = resolve_backbone(config.backbone, random_init=config.random_init)
     encoder_config = EncoderConfig.from_dict(backbone.config(), **config.encoder_overrides)
     num_labels = len(task_spec("sentiment", config.sentiment_dataset).labels)
-    model = MultitaskModel(ModelConfig(
-        encoder_config, config.tasks, num_labels, config.pooling, config.similarity_head,
-        qa_null_threshold=config.qa_null_threshold, sentiment_head=config.sentiment_head,
-        paraphrase_head=config.paraphrase_head, sentiment_attention_layers=config.sentiment_attention_layers,
-        paraphrase_cross_layers=config.paraphrase_cross_layers, similarity_cross_layers=config.similarity_cross_layers,
-        head_uniform_init=config.head_uniform_init, ssa_mode=config.ssa_mode))
+    # Every model setting the training config also names (tasks, pooling, the heads, ...) comes from it.
+    shared = {f.name: getattr(config, f.name) for f in fields(ModelConfig) if hasattr(config, f.name)}
+    model = MultitaskModel(ModelConfig(encoder_config, sentiment_num_labels=num_labels, **shared))
     if backbone.weights_path is not None:
         model.encoder.load_pretrained(backbone.weights_path)
     return model, Tokenizer.from_file(backbone.tokenizer_path)
