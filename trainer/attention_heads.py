@@ -28,13 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .sparsegen import masked_softmax
+
 PAIR_KINDS = ("paraphrase", "similarity")
-
-
-def _masked_softmax(scores: Tensor, keep: Tensor) -> Tensor:
-    # A finite fill rather than -inf: a row with no key left would give NaN with -inf; the first token is always real,
-    # so in practice every row keeps at least one key.
-    return scores.masked_fill(~keep, torch.finfo(scores.dtype).min).softmax(-1)
 
 
 class AttentionLayer(nn.Module):
@@ -61,7 +57,7 @@ class AttentionLayer(nn.Module):
     def forward(self, x: Tensor, context: Tensor, context_mask: Tensor) -> Tensor:
         q, k, v = self._heads(self.query(x)), self._heads(self.key(context)), self._heads(self.value(context))
         scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_size)
-        probs = _masked_softmax(scores, context_mask.bool()[:, None, None, :])
+        probs = masked_softmax(scores, context_mask.bool()[:, None, None, :])
         b, _, t, _ = q.shape
         attended = (probs @ v).transpose(1, 2).reshape(b, t, -1)
         return self.LayerNorm(x + self.dropout(self.output(attended)))
@@ -206,7 +202,7 @@ class CrossPoolPairHead(nn.Module):
             self.classifier = nn.Linear(3 * hidden, 1)
 
     def attention_pool(self, h: Tensor, mask: Tensor) -> Tensor:
-        alpha = _masked_softmax(self.pool_score(h).squeeze(-1), mask.bool())
+        alpha = masked_softmax(self.pool_score(h).squeeze(-1), mask.bool())
         return (alpha.unsqueeze(-1) * h).sum(1)
 
     def pooled(self, states_a: Tensor, mask_a: Tensor, states_b: Tensor, mask_b: Tensor) -> tuple[Tensor, Tensor]:

@@ -44,7 +44,7 @@ from .checkpoint import atomic_write_text
 from .guidance import AttentionGuidance, check_patterns
 from .model import Encoder, EncoderConfig
 from .plots import line_plot
-from .train import lr_factor, seed_everything
+from .train import lr_factor, make_optimizer, seed_everything
 
 log = logging.getLogger("bertzoo.pretrain")
 
@@ -230,13 +230,6 @@ def build_model(config: PretrainConfig) -> tuple[MaskedLM, Tokenizer]:
 # ---------------------------------------------------------------- training
 
 
-def _optimizer(model: nn.Module, config: PretrainConfig) -> torch.optim.AdamW:
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]  # biases and LayerNorm weights, as in BERT
-    return torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=config.lr)
-
-
 def _batch(encodings: list, pad_id: int) -> tuple[Tensor, Tensor]:
     padded = pad_batch(encodings, pad_id)
     return torch.from_numpy(padded["input_ids"]), torch.from_numpy(padded["attention_mask"])
@@ -283,7 +276,7 @@ def pretrain(config: PretrainConfig) -> PretrainResult:
 
     guidance = AttentionGuidance.from_config(config, tokenizer) if config.ag_weight > 0 else None
     model.to(device).train()
-    optimizer = _optimizer(model, config)
+    optimizer = make_optimizer(model, config.lr, config.weight_decay)
     gen = torch.Generator().manual_seed(config.seed)
     order_rng = np.random.default_rng([config.seed, 1])
     permutation, cursor = order_rng.permutation(len(train_set)), 0
@@ -299,7 +292,7 @@ def pretrain(config: PretrainConfig) -> PretrainResult:
             inputs, labels = mask_tokens(ids, mask, specials, tokenizer.mask_id, vocab, gen, config.mask_prob)
             inputs, mask, labels = inputs.to(device), mask.to(device), labels.to(device)
             for group in optimizer.param_groups:
-                group["lr"] = config.lr * lr_factor(step, config.max_steps, config.warmup_ratio)
+                group["lr"] = group["base_lr"] * lr_factor(step, config.max_steps, config.warmup_ratio)
             mlm, attentions, _ = model(inputs, mask, labels, output_attentions=guidance is not None)
             # AG on the encoder's actual input, the masked sequence (what [Delim]/[Period] can see).
             ag = guidance.attention_loss(attentions, inputs, mask, step / config.max_steps) if guidance else None

@@ -44,6 +44,7 @@ from bertzoo.tokenization import pad_batch
 
 from .batches import Feature
 from .heads import ForwardDetails, pool
+from .sparsegen import masked_softmax
 
 log = logging.getLogger("bertzoo.ssa")
 
@@ -76,8 +77,7 @@ class SSASentimentHead(nn.Module):
             scores = self.scorer(states).squeeze(-1)
             # Softmax in fp32 (bf16 autocast would round small weights to 0); padding gets exactly 0 weight, so the
             # output does not depend on how much padding the batch carries.
-            real = mask.bool()
-            attention = torch.softmax(scores.float().masked_fill(~real, torch.finfo(torch.float32).min), dim=-1)
+            attention = masked_softmax(scores.float(), mask.bool())
             pooled = (attention.to(states.dtype).unsqueeze(-1) * states).sum(1)
         else:
             pooled = pool(states, mask, self.pooling)

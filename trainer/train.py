@@ -135,13 +135,15 @@ def task_loss(task: str, outputs, batch: dict[str, torch.Tensor], similarity_los
     return (F.cross_entropy(start, batch["start_positions"]) + F.cross_entropy(end, batch["end_positions"])) / 2
 
 
-def make_optimizer(model: MultitaskModel, config: TrainConfig) -> torch.optim.AdamW:
+def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, head_lr: float | None = None
+                   ) -> torch.optim.AdamW:
+    """AdamW; each group keeps its ``base_lr`` for the schedule. ``head_lr``: the rate of ``heads.*`` parameters."""
     groups: dict[tuple[float, float], list] = {}
     for name, param in model.named_parameters():
-        lr = config.head_lr if name.startswith("heads.") else config.lr
-        # No weight decay on biases and LayerNorm weights (standard BERT fine-tuning practice).
-        decay = 0.0 if param.ndim < 2 else config.weight_decay
-        groups.setdefault((lr, decay), []).append(param)
+        group_lr = head_lr if head_lr is not None and name.startswith("heads.") else lr
+        # No weight decay on biases and LayerNorm weights (standard BERT practice).
+        decay = 0.0 if param.ndim < 2 else weight_decay
+        groups.setdefault((group_lr, decay), []).append(param)
     return torch.optim.AdamW(
         [{"params": p, "lr": lr, "base_lr": lr, "weight_decay": wd} for (lr, wd), p in groups.items()]
     )
@@ -198,7 +200,7 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
     model.to(env.device)
     objectives = build_objectives(config, tokenizer)
     needs_attentions = any(o.needs_attentions for o in objectives)
-    optimizer = make_optimizer(model, config)
+    optimizer = make_optimizer(model, config.lr, config.weight_decay, config.head_lr)
     start_step, best, metrics = 0, float("-inf"), {}
     if resume and (out_dir / "LATEST").exists():
         directory = ckpt.resolve_checkpoint(out_dir, prefer="LATEST")
