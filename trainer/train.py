@@ -37,7 +37,7 @@ from .heads import ModelConfig, MultitaskModel
 from .model import EncoderConfig
 from .objectives import build_objectives
 from .plots import training_curves
-from .prioritization import TaskPrioritizer, broadcast, reprioritize
+from .prioritization import TaskPrioritizer, broadcast, primary_scores, reprioritize
 from .sparsity import attention_zero_fraction
 
 log = logging.getLogger("bertzoo.train")
@@ -302,9 +302,7 @@ def _end_of_epoch(config: TrainConfig, env: Dist, model: MultitaskModel, optimiz
             metrics = evaluate(model, dev_splits, tokenizer, config.limits)
             log.info("dev metrics at step %d: %s", step, json.dumps(metrics))
             # "best" = the mean of each task's primary metric (QA F1 rescaled from percent to [0, 1]).
-            primaries = [metrics[t][task_spec(t, config.sentiment_dataset).primary_metric] / (100 if t == "qa" else 1)
-                         for t in metrics]
-            score = float(np.nanmean(primaries))
+            score = float(np.nanmean(list(primary_scores(metrics, config.sentiment_dataset).values())))
             is_best = score > best
             best = max(best, score)
             record = {"step": step, "dev": metrics, "dev_score": score}
