@@ -80,7 +80,7 @@ def main(verbose: bool) -> None:
 @click.option("--qa-doc-stride", type=int, default=None)
 @click.option("--qa-unanswerable-fraction", type=float, default=None,
               help="Top SQuAD 2.0 train data up to this share of unanswerable questions with synthetic ones "
-                   "[default: 1/3; 0: off].")
+                   "[default: 0.5; 0: off].")
 @click.option("--qa-null-threshold", type=float, default=None,
               help="Answer 'no answer' when the null score beats the best span by more than this [default: 0].")
 @click.option("--epochs", type=float, default=None)

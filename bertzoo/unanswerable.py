@@ -3,12 +3,24 @@
 Why: a SQuAD 2.0 model learns when to abstain only from unanswerable training examples, and the train data a user
 has may hold far fewer of them than the data it is judged on (the shared SQuAD train pieces: 6%; the official v2.0
 train: 33%; the CS224N dev half: 52%). A model trained on 6% almost never abstains. We top the unanswerable share up
-with two kinds of negatives built from answerable questions, both well known from the reading-comprehension
-literature and both label-safe (the gold answer text no longer occurs in the context):
+with negatives built from answerable questions. Two change the context and are label-safe (the gold answer text
+no longer occurs in it):
 
 - ``removed``: the same paragraph with the sentence(s) holding the answer deleted. The topic, entities and nearby
-  plausible-but-wrong spans stay, which is what SQuAD 2.0's adversarially written questions look like.
+  plausible-but-wrong spans stay.
 - ``other``: another paragraph of the same article (same topic, different facts).
+
+Those two teach a model to notice a missing answer, not SQuAD 2.0's adversarial questions, which keep the paragraph
+and its plausible answer and change the *question* (Rajpurkar et al. 2018, table 2: entity swap 21%, antonym 20%,
+negation 9%, ...). So the third kind, ``question``, rewrites the question the same ways, by rule:
+
+- entity swap: a name or number in the question becomes one of the same shape that the paragraph never mentions
+  (label-safe: the question now asks about something the paragraph does not talk about);
+- antonym: one word becomes its opposite from a short list (first/last, largest/smallest, before/after, ...);
+- negation: ``not`` after the question's auxiliary verb ("What did X win" -> "What did X not win").
+
+Antonym and negation rewrites are unanswerable by SQuAD 2.0's own annotation guidelines, not by construction; a
+few of them may still have an answer, which is label noise we accept.
 
 Torch-free and deterministic for a seed, so a resumed run rebuilds exactly the same training set.
 """
@@ -58,9 +70,120 @@ def remove_answer_sentences(example: QAExample) -> str | None:
     return None if _mentions_an_answer(context, example.answers) else context
 
 
-def _as_unanswerable(example: QAExample, context: str, kind: str) -> QAExample:
-    return QAExample(id=f"{example.id}-noans-{kind}", question=example.question, context=context, answers=(),
-                     answer_starts=(), is_impossible=True, title=example.title)
+# Capitalised words that start a run without naming anything ("The", "In", question words).
+_NOT_NAMES = frozenset("""a an the in on at of for to by from with as and or but if when while after before during
+this that these those it its he she they his her their there here however also although since because what which who
+whom whose where why how i""".split())
+# No apostrophes inside a name, so a possessive "'s" stays outside the span and survives a swap.
+_NAME_RUN = re.compile(r"\b[A-Z][\w-]*(?:\s+(?:of\s+|the\s+|de\s+)?[A-Z][\w-]*)*")
+_NUMBER = re.compile(r"\b\d[\d,]*(?:\.\d+)?\b")
+_ANTONYMS = dict(pair for a, b in (
+    ("first", "last"), ("largest", "smallest"), ("biggest", "smallest"), ("most", "least"), ("highest", "lowest"),
+    ("before", "after"), ("earliest", "latest"), ("oldest", "newest"), ("longest", "shortest"), ("best", "worst"),
+    ("more", "less"), ("larger", "smaller"), ("higher", "lower"), ("increase", "decrease"), ("increased", "decreased"),
+    ("north", "south"), ("east", "west"), ("northern", "southern"), ("eastern", "western"), ("won", "lost"),
+    ("began", "ended"), ("start", "end"), ("maximum", "minimum"), ("major", "minor"), ("early", "late"),
+    ("above", "below"), ("inside", "outside"), ("public", "private"), ("rise", "fall"), ("allowed", "forbidden"),
+    ("positive", "negative"), ("strong", "weak"), ("success", "failure"), ("accepted", "rejected"),
+) for pair in ((a, b), (b, a)))
+# Contracted, so the question stays grammatical whatever follows the verb ("What did X win" -> "What didn't X win").
+_NEGATIONS = {"is": "isn't", "are": "aren't", "was": "wasn't", "were": "weren't", "did": "didn't", "does": "doesn't",
+              "do": "don't", "can": "can't", "could": "couldn't", "will": "won't", "would": "wouldn't",
+              "has": "hasn't", "have": "haven't", "had": "hadn't", "should": "shouldn't"}
+_AUXILIARY = re.compile(r"\b(" + "|".join(_NEGATIONS) + r")\b(?=\s+\w)", re.IGNORECASE)
+_NEGATED = re.compile(r"\b(not|never|no)\b|n't\b", re.IGNORECASE)
+
+
+def _names(text: str) -> list[tuple[int, int]]:
+    """Spans of capitalised-word runs that look like names. A sentence-initial word is capitalised whatever it is,
+    so it (like a leading function word: "The Seine") is dropped from the run, keeping the rest."""
+    found = []
+    for m in _NAME_RUN.finditer(text):
+        start, end = m.span()
+        before = text[:start].rstrip()
+        if not before or before[-1] in ".!?\"'(:;" or m.group(0).split()[0].lower() in _NOT_NAMES:
+            rest = _NAME_RUN.search(text, start + len(m.group(0).split()[0]), end)
+            if rest is None or rest.group(0).split()[0].lower() in _NOT_NAMES:
+                continue
+            start = rest.start()
+        found.append((start, end))
+    return found
+
+
+def _names_and_numbers(text: str) -> list[tuple[int, int]]:
+    return [*_names(text), *(m.span() for m in _NUMBER.finditer(text))]
+
+
+def _shape(span: str) -> tuple[str, int]:
+    return ("number", len(span)) if span[0].isdigit() else ("name", len(span.split()))
+
+
+EntityPool = dict[tuple[str, int], list[str]]
+
+
+def entity_pool(contexts: Sequence[str]) -> EntityPool:
+    """Names and numbers found in ``contexts``, grouped by shape (kind, words or digits) for like-for-like swaps."""
+    pool: dict[tuple[str, int], set[str]] = {}
+    for context in contexts:
+        for start, end in _names_and_numbers(context):
+            pool.setdefault(_shape(context[start:end]), set()).add(context[start:end])
+    return {shape: sorted(values) for shape, values in pool.items()}
+
+
+def swap_entity(question: str, context: str, pools: Sequence[EntityPool], rng: random.Random) -> str | None:
+    """The question with one name or number replaced by one of the same shape that ``context`` never mentions.
+
+    ``pools`` are tried in order: the article's own names first (a related name is the hard, plausible kind)."""
+    spans = _names_and_numbers(question)
+    rng.shuffle(spans)
+    normalized_context = f" {normalize_answer(context)} "
+    for start, end in spans:
+        for pool in pools:
+            options = pool.get(_shape(question[start:end]), [])
+            for other in rng.sample(options, min(10, len(options))):
+                if other != question[start:end] and f" {normalize_answer(other)} " not in normalized_context:
+                    return question[:start] + other + question[end:]
+    return None
+
+
+def swap_antonym(question: str, rng: random.Random) -> str | None:
+    """The question with one word from the antonym list replaced by its opposite (case kept)."""
+    words = [m for m in re.finditer(r"[A-Za-z]+", question) if m.group(0).lower() in _ANTONYMS]
+    if not words:
+        return None
+    m = rng.choice(words)
+    opposite = _ANTONYMS[m.group(0).lower()]
+    opposite = opposite.capitalize() if m.group(0)[0].isupper() else opposite
+    return question[:m.start()] + opposite + question[m.end():]
+
+
+def negate(question: str) -> str | None:
+    """The question's first auxiliary verb negated, unless the question is negated already."""
+    m = _AUXILIARY.search(question)
+    if m is None or _NEGATED.search(question):
+        return None
+    negated = _NEGATIONS[m.group(1).lower()]
+    negated = negated.capitalize() if m.group(1)[0].isupper() else negated
+    return question[:m.start()] + negated + question[m.end():]
+
+
+def perturb_question(example: QAExample, pools: Sequence[EntityPool], rng: random.Random) -> str | None:
+    """One SQuAD 2.0-style rewrite of the question (entity swap twice as likely as antonym or negation), or None."""
+    rewrites = [lambda: swap_entity(example.question, example.context, pools, rng)] * 2 + [
+        lambda: swap_antonym(example.question, rng), lambda: negate(example.question)]
+    rng.shuffle(rewrites)
+    for rewrite in rewrites:
+        question = rewrite()
+        if question is not None and question != example.question:
+            return question
+    return None
+
+
+def _as_unanswerable(example: QAExample, kind: str, context: str | None = None,
+                     question: str | None = None) -> QAExample:
+    return QAExample(id=f"{example.id}-noans-{kind}", question=question or example.question,
+                     context=context or example.context, answers=(), answer_starts=(), is_impossible=True,
+                     title=example.title)
 
 
 def needed_unanswerable(n_total: int, n_unanswerable: int, fraction: float) -> int:
@@ -70,11 +193,15 @@ def needed_unanswerable(n_total: int, n_unanswerable: int, fraction: float) -> i
     return max(0, math.ceil((fraction * n_total - n_unanswerable) / (1.0 - fraction)))
 
 
+# Half of the negatives rewrite the question (the kind SQuAD 2.0 is made of), a quarter each change the context.
+_KIND_CYCLE = ("question", "removed", "question", "other")
+
+
 def synthesize_unanswerable(examples: Sequence[QAExample], fraction: float, seed: int = 0) -> list[QAExample]:
     """New unanswerable examples so that they and the given unanswerable ones make up about ``fraction`` of all.
 
-    Kinds alternate (answer sentence removed, other paragraph of the same article); an answerable question is used
-    at most once. Returns fewer than asked for when the data runs out of label-safe negatives.
+    Kinds follow ``_KIND_CYCLE``; when an example cannot give the planned kind the next ones are tried. An
+    answerable question is used at most once. Returns fewer than asked for when the data runs out of negatives.
     """
     wanted = needed_unanswerable(len(examples), sum(e.is_impossible for e in examples), fraction)
     if wanted == 0:
@@ -84,6 +211,8 @@ def synthesize_unanswerable(examples: Sequence[QAExample], fraction: float, seed
         same_article = paragraphs.setdefault(e.title, [])
         if e.context not in same_article:
             same_article.append(e.context)
+    article_pools = {title: entity_pool(article) for title, article in paragraphs.items()}
+    all_pool = entity_pool([p for article in paragraphs.values() for p in article])
     rng = random.Random(seed)
     candidates = [e for e in examples if not e.is_impossible]
     rng.shuffle(candidates)
@@ -91,8 +220,14 @@ def synthesize_unanswerable(examples: Sequence[QAExample], fraction: float, seed
     for e in candidates:
         if len(made) >= wanted:
             break
-        kinds = ("removed", "other") if len(made) % 2 == 0 else ("other", "removed")
-        for kind in kinds:
+        first = len(made) % len(_KIND_CYCLE)
+        for kind in _KIND_CYCLE[first:] + _KIND_CYCLE[:first]:
+            if kind == "question":
+                question = perturb_question(e, (article_pools[e.title], all_pool), rng)
+                if question is not None:
+                    made.append(_as_unanswerable(e, kind, question=question))
+                    break
+                continue
             if kind == "removed":
                 context = remove_answer_sentences(e)
             else:
@@ -101,6 +236,6 @@ def synthesize_unanswerable(examples: Sequence[QAExample], fraction: float, seed
                 if context is not None and _mentions_an_answer(context, e.answers):
                     context = None
             if context is not None:
-                made.append(_as_unanswerable(e, context, kind))
+                made.append(_as_unanswerable(e, kind, context=context))
                 break
     return made

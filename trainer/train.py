@@ -12,6 +12,7 @@ import logging
 import os
 import random
 import time
+from collections import Counter
 from contextlib import nullcontext
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -109,9 +110,10 @@ def _unanswerable_top_up(examples: list, config: TrainConfig) -> list:
         return []
     made = synthesize_unanswerable(examples, config.qa_unanswerable_fraction, config.seed)
     share = (sum(e.is_impossible for e in examples) + len(made)) / max(1, len(examples) + len(made))
-    log.info("qa/train: added %d synthetic unanswerable questions (%d answer-sentence-removed, %d other-paragraph); "
-             "unanswerable share now %.1f%%", len(made), sum(e.id.endswith("-removed") for e in made),
-             sum(e.id.endswith("-other") for e in made), 100 * share)
+    kinds = Counter(e.id.rsplit("-", 1)[-1] for e in made)
+    log.info("qa/train: added %d synthetic unanswerable questions (%d question rewritten, %d answer-sentence-removed, "
+             "%d other-paragraph); unanswerable share now %.1f%%", len(made), kinds["question"], kinds["removed"],
+             kinds["other"], 100 * share)
     return made
 
 
