@@ -7,7 +7,8 @@
 2. Encoder latency medians on the batch x length grid for PyTorch eager (fused SDPA), ONNX Runtime fp32, optimized
    and int8, each as a ratio to PyTorch.
 3. The same weights with sparsegen-lin attention (SSAF, lambda -3) against softmax in ONNX Runtime at b8/s128, with
-   the generic SparsegenLin function body (TopK) and with the ONNX Runtime formulation the server uses.
+   the generic SparsegenLin function body (TopK), the ONNX Runtime formulation (the fallback), and the native kernel
+   (export/ort_kernel, what the server uses where it can build it).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 from timing import median_ms  # benchmarks/timing.py
 
 from bertzoo.artifact import load_manifest
+from bertzoo.export import ort_kernel
 from bertzoo.export.exporter import ExportOptions, export_checkpoint
 from bertzoo.export.onnx_graphs import export_graphs
 from bertzoo.export.sparsegen_onnx import with_ort_formulation
@@ -42,10 +44,12 @@ def batch(b: int, t: int) -> dict[str, np.ndarray]:
     return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
 
 
-def session(model: onnx.ModelProto, threads: int) -> ort.InferenceSession:
+def session(model: onnx.ModelProto, threads: int, library: Path | None = None) -> ort.InferenceSession:
     # Spinning on: the benchmark process has the cores to itself, as an in-process user would.
-    return ort.InferenceSession(model.SerializeToString(), sess_options=session_options(threads, spinning=True),
-                                providers=["CPUExecutionProvider"])
+    options = session_options(threads, spinning=True)
+    if library is not None:
+        options.register_custom_ops_library(str(library))
+    return ort.InferenceSession(model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"])
 
 
 def repeats_for(b: int, t: int) -> int:
@@ -86,6 +90,11 @@ def ssaf_against_softmax(model: MultitaskModel, work: Path, threads: int, lam: f
         "ssaf, generic TopK body": session(generic, threads),
         "ssaf, ORT formulation": session(with_ort_formulation(generic), threads),
     }
+    library = ort_kernel.library()
+    if library is not None:
+        candidates["ssaf, native kernel"] = session(generic, threads, library)
+    else:
+        print(f"native kernel unavailable: {ort_kernel.unavailable_reason()}")
     feed = batch(8, 128)
     for s in candidates.values():  # warm-up
         s.run(None, feed)
@@ -111,6 +120,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--work", default=None, help="where to write the artifacts (default: a temporary directory)")
     parser.add_argument("--reuse", action="store_true", help="reuse the artifact already in --work (skip the export)")
+    parser.add_argument("--skip-grid", action="store_true", help="only the SSAF against softmax comparison")
     args = parser.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="export_bench."))
     print(f"onnxruntime {ort.__version__}, torch {torch.__version__}, artifacts in {work}")
@@ -129,7 +139,8 @@ def main() -> None:
         print(f"- {variant}: encoder max abs {report['tensor_max_abs']['encoder']:.2e}; {tasks}")
     model, _, _ = load_model(args.checkpoint)
     model = model.float().eval()
-    grid(model, work / "artifact", args.threads)
+    if not args.skip_grid:
+        grid(model, work / "artifact", args.threads)
     ssaf_against_softmax(model, work, args.threads)
 
 

@@ -10,8 +10,9 @@ with a float attribute ``lambda``:
 The model carries the op's definition as a model-local ONNX function (the sort-based algorithm of
 ``trainer/sparsegen.py``: TopK, CumSum, support size, threshold), so ONNX Runtime, ``onnx.checker`` and any other
 runtime can execute it without knowing our domain. A runtime with a faster implementation registers its own: the
-TensorRT plugin in ``export/tensorrt.py``, and for ONNX Runtime a sort-free formulation of the same function
-(:func:`ort_function_proto`) that the server's ONNX Runtime backend swaps in when it loads a graph.
+TensorRT plugin in ``export/tensorrt.py``; for ONNX Runtime on CPU the native kernel of ``export/ort_kernel``, and
+where that cannot be built a sort-free formulation of the same function (:func:`ort_function_proto`) that the
+server's ONNX Runtime backend swaps in when it loads a graph.
 
 Why the node is attached after export: the torch.onnx (dynamo) exporter inlines onnxscript functions, so the
 translation below emits a bare ``SparsegenLin`` node and :func:`attach_function` adds the definition afterwards, with

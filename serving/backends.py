@@ -48,7 +48,7 @@ class OnnxRuntimeBackend:
         import onnx
         import onnxruntime as ort
 
-        from bertzoo.export.sparsegen_onnx import with_ort_formulation
+        from bertzoo.export import ort_kernel
 
         directory = Path(directory)
         self.manifest = manifest if manifest is not None else load_manifest(directory)
@@ -61,14 +61,16 @@ class OnnxRuntimeBackend:
         options = session_options(threads, spinning)
         providers = providers or available_providers()
 
-        def session(file: str) -> ort.InferenceSession:
-            # An SSAF graph's SparsegenLin function is swapped for the formulation that is fast on ORT (same result;
-            # see export/sparsegen_onnx.py). The file on disk, and its hash, stay as exported.
-            model = with_ort_formulation(onnx.load(str(directory / file)))
-            return ort.InferenceSession(model.SerializeToString(), sess_options=options, providers=providers)
-
-        self._encoder = session(encoders[variant])
-        self._heads = {task: session(spec["files"]["fp32"]) for task, spec in graphs.items() if task != "encoder"}
+        files = {"encoder": encoders[variant]}
+        files.update({task: spec["files"]["fp32"] for task, spec in graphs.items() if task != "encoder"})
+        # An SSAF graph's SparsegenLin runs on our native kernel where it can, else on the formulation that is fast
+        # on ORT (same result; export/ort_kernel, export/sparsegen_onnx.py). The files on disk stay as exported.
+        models, self.native_sparsegen = ort_kernel.prepare(
+            {name: onnx.load(str(directory / file)) for name, file in files.items()}, options, providers)
+        sessions = {name: ort.InferenceSession(model.SerializeToString(), sess_options=options, providers=providers)
+                    for name, model in models.items()}
+        self._encoder = sessions.pop("encoder")
+        self._heads = sessions
         self.tasks = tuple(self._heads)
 
     def encode(self, batch: dict[str, np.ndarray]) -> np.ndarray:

@@ -1,0 +1,121 @@
+"""The native ONNX Runtime kernel for ``bertzoo.SparsegenLin``: built on first use, cached, optional.
+
+``library()`` compiles ``sparsegen_lin.cc`` against the vendored ORT C API headers (``include/``) with the system C++
+compiler, once per source/compiler/ORT version, into the user's cache directory, and returns the shared library's
+path, or None (with the reason in :func:`unavailable_reason`) when there is no compiler or the installed ONNX Runtime
+is older than the headers. Callers then keep the portable path: the model's own ONNX function, swapped for the
+faster formulation of export/sparsegen_onnx.py. Nothing is downloaded; no torch.
+
+Build flags: -O3 and a baseline x86-64/ARM target; the row loop carries GCC ``target_clones`` (AVX2 + default), so one
+library is fast on AVX2 machines and still runs on any other (a cache directory copied to another host stays safe).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger("bertzoo.export")
+
+SOURCE = Path(__file__).with_name("sparsegen_lin.cc")
+HEADERS = Path(__file__).with_name("include")
+HEADER_API_VERSION = 23  # ORT_API_VERSION of the vendored headers (include/README.md); ORT >= 1.23 runs the library
+LIBRARY_NAME = "libbertzoo_ort_ops.so"
+
+_cache: dict[str, Path | None] = {}
+_reason: str | None = None
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("BERTZOO_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME")
+                                                           or os.path.expanduser("~/.cache"), "bertzoo")
+    return Path(root) / "ort_kernel"
+
+
+def _runtime_api_ok() -> str | None:
+    import onnxruntime as ort
+
+    major, minor = (int(part) for part in ort.__version__.split(".")[:2])
+    if (major, minor) < (1, HEADER_API_VERSION):
+        return f"onnxruntime {ort.__version__} is older than the kernel's C API (1.{HEADER_API_VERSION})"
+    return None
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+
+
+def build(out_dir: Path, compiler: str) -> Path:
+    """Compile the kernel into ``out_dir`` (atomically: a temporary file renamed into place). Raises on failure."""
+    include = os.environ.get("BERTZOO_ORT_INCLUDE") or str(HEADERS)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / LIBRARY_NAME
+    with tempfile.NamedTemporaryFile(dir=out_dir, suffix=".so.tmp", delete=False) as tmp:
+        partial = Path(tmp.name)
+    try:
+        command = [compiler, "-O3", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", "-I", include,
+                   str(SOURCE), "-o", str(partial)]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        if result.returncode != 0:
+            raise RuntimeError(f"compiling {SOURCE.name} failed ({' '.join(command)}):\n{result.stderr[-3000:]}")
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target
+
+
+def library() -> Path | None:
+    """The compiled kernel library, building it if needed; None when it cannot be had here (see the log)."""
+    global _reason
+    if "lib" in _cache:
+        return _cache["lib"]
+    path: Path | None = None
+    if os.environ.get("BERTZOO_ORT_KERNEL", "1") == "0":
+        _reason = "disabled by BERTZOO_ORT_KERNEL=0"
+    elif (problem := _runtime_api_ok()) is not None:
+        _reason = problem
+    elif (compiler := _compiler()) is None:
+        _reason = "no C++ compiler found (install g++, or set CXX)"
+    else:
+        import onnxruntime as ort
+
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+        key = hashlib.sha256(SOURCE.read_bytes() + version.encode() + ort.__version__.encode()).hexdigest()[:16]
+        candidate = _cache_dir() / key / LIBRARY_NAME
+        try:
+            path = candidate if candidate.exists() else build(candidate.parent, compiler)
+        except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
+            _reason = f"the kernel did not build: {e}"
+    if path is None:
+        log.warning("SparsegenLin: native ONNX Runtime kernel not used (%s); running the ONNX formulation", _reason)
+    _cache["lib"] = path
+    return path
+
+
+def prepare(models: dict, options, providers: list[str]) -> tuple[dict, bool]:
+    """``models`` (name -> ModelProto) ready for ORT sessions made with ``options``. When one is an SSAF graph (it
+    carries the SparsegenLin function) and ORT runs on the CPU alone, the native kernel is registered on ``options``
+    and the models stay as exported: ONNX Runtime prefers a registered kernel to a model-local function of the same
+    name. Elsewhere, or without the kernel, each function is swapped for the ORT formulation. Returns the models and
+    whether the native kernel is in use."""
+    from bertzoo.export.sparsegen_onnx import DOMAIN, OP_TYPE, with_ort_formulation
+
+    if not any((f.domain, f.name) == (DOMAIN, OP_TYPE) for m in models.values() for f in m.functions):
+        return models, False
+    if providers == ["CPUExecutionProvider"] and (path := library()) is not None:
+        options.register_custom_ops_library(str(path))
+        return models, True
+    return {name: with_ort_formulation(m) for name, m in models.items()}, False
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`library` returned None (None when it did not, or has not been called)."""
+    return _reason
+
+
+__all__ = ["build", "library", "prepare", "unavailable_reason"]
