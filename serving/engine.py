@@ -38,6 +38,11 @@ class Work:
 PAD_MULTIPLE = 8  # lengths rounded up to this: fewer distinct shapes for the runtime, SIMD-friendly widths
 
 
+def padded_width(length: int) -> int:
+    """The width a sequence of ``length`` tokens is padded to with ``pad_to="longest"``: rounded up to PAD_MULTIPLE."""
+    return -(-length // PAD_MULTIPLE) * PAD_MULTIPLE
+
+
 def prepare_inputs(works: Sequence[Work], width: int | None, pad_id: int) -> dict[str, np.ndarray]:
     """Encoder inputs [rows, width] (int64): every row of every work, in order, right-padded to ``width`` (a bucket
     length), or with ``width=None`` to the longest row rounded up to a multiple of ``PAD_MULTIPLE``."""

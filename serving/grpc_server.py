@@ -28,7 +28,7 @@ from grpc_reflection.v1alpha import reflection
 
 from .batcher import Batcher
 from .config import ServeConfig
-from .engine import run_batch
+from .engine import padded_width, run_batch
 from .interceptors import BearerTokenInterceptor, MalformedRequestInterceptor
 from .metrics import Metrics
 from .model import ServedModel, load_served_model, runtime_versions, warm_up
@@ -115,8 +115,11 @@ class BertzooServer:
         if config.warmup:
             await asyncio.to_thread(warm_up, served)
         backend, pooling = served.backend, served.spec.pooling
+        # Items are grouped for batching by the width they will be padded to: with pad_to="longest" their own length
+        # rounded up to 8 (a batch pads no row by more than 7 tokens), with pad_to="bucket" the length bucket.
+        group = padded_width if config.batch.pad_to == "longest" else served.spec.bucket_for
         self._batcher = Batcher(lambda works, inputs: run_batch(backend, works, inputs, pooling),
-                                served.spec.bucket_for, served.tokenizer.pad_id, config.batch, self.metrics)
+                                group, served.tokenizer.pad_id, config.batch, self.metrics)
         self._batcher.start()
         self._service = TaskService(served, self._batcher, config, self.metrics)
         for service in ("", SERVICE_NAME):

@@ -28,11 +28,13 @@ class ControlledBackend:
         self.delay = 0.0
         self.fail_next = False
         self.batch_rows: list[int] = []
+        self.batch_shapes: list[tuple[tuple[int, int], list[int]]] = []  # (input_ids shape, real length per row)
         self.lock = threading.Lock()
 
     def encode(self, batch):
         with self.lock:
             self.batch_rows.append(batch["input_ids"].shape[0])
+            self.batch_shapes.append((batch["input_ids"].shape, batch["attention_mask"].sum(axis=1).tolist()))
             fail, self.fail_next = self.fail_next, False
         time.sleep(self.delay)
         if fail:
@@ -64,6 +66,7 @@ def controlled(controlled_server):
     running, client, backend = controlled_server
     backend.delay, backend.fail_next = 0.0, False
     backend.batch_rows.clear()
+    backend.batch_shapes.clear()
     yield running, client, backend
     backend.delay = 0.0
 
@@ -92,6 +95,23 @@ def test_concurrent_requests_share_encoder_batches(controlled):
     batches = sample(running, "bertzoo_batch_size_count") - batches_before
     assert sample(running, "bertzoo_batch_size_sum") - rows_before == 10  # every sentence encoded once
     assert batches < 5 and len(backend.batch_rows) == batches and max(backend.batch_rows) > 2
+
+
+def test_a_batch_holds_sequences_of_one_padded_width(controlled):
+    """Short and long sentences queued together go into separate batches: no row is padded by 8 tokens or more
+    (the artifact's length buckets alone would put 19 and 32 tokens in one batch)."""
+    running, client, backend = controlled
+    backend.delay = 0.3
+    blocker = client.stub.Sentiment.future(request("occupies the model"), timeout=30)
+    wait_for(lambda: len(backend.batch_rows) == 1)  # everything sent from now on queues behind it
+    texts = [" ".join(["word"] * n) for n in (2, 30, 3, 17, 2, 31)]
+    calls = [client.stub.Sentiment.future(request(text), timeout=30) for text in texts]
+    assert all(len(call.result().results) == 1 for call in [blocker, *calls])
+    queued = backend.batch_shapes[1:]
+    lengths = sorted(n for _, rows in queued for n in rows)
+    assert lengths == [4, 4, 5, 19, 32, 33]
+    for (rows, width), real in queued:
+        assert rows == len(real) and width - min(real) < 8, (width, real)
 
 
 def test_a_full_queue_answers_resource_exhausted_at_once(controlled):
