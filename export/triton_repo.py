@@ -9,7 +9,10 @@ Layout (https://docs.nvidia.com/deeplearning/triton-inference-server/user-guide/
 Each model gets dynamic batching (no added queue delay by default, like our own batcher) and an instance group.
 Tokenization and post-processing stay in the client (``bertzoo.tasks`` is torch-free and pip-installable), which is
 how Triton is usually fronted for encoders. An SSAF encoder runs on Triton's onnxruntime backend through the
-SparsegenLin function body the graph carries.
+SparsegenLin function body the graph carries; for our much faster native kernel, build it on the Triton host
+(``python -m bertzoo.export.ort_kernel`` prints the library's path) and add
+``model_operations { op_library_filename: "<that path>" }`` to ``bertzoo_encoder/config.pbtxt`` (Triton's "Custom
+Operations" guide, ONNX section; Triton's ONNX Runtime must be 1.23 or newer, the kernel's C API version).
 """
 
 from __future__ import annotations
