@@ -12,6 +12,7 @@ library is fast on AVX2 machines and still runs on any other (a cache directory 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -27,7 +28,6 @@ HEADERS = Path(__file__).with_name("include")
 HEADER_API_VERSION = 23  # ORT_API_VERSION of the vendored headers (include/README.md); ORT >= 1.23 runs the library
 LIBRARY_NAME = "libbertzoo_ort_ops.so"
 
-_cache: dict[str, Path | None] = {}
 _reason: str | None = None
 
 
@@ -37,7 +37,7 @@ def _cache_dir() -> Path:
     return Path(root) / "ort_kernel"
 
 
-def _runtime_api_ok() -> str | None:
+def _runtime_too_old() -> str | None:
     import onnxruntime as ort
 
     major, minor = (int(part) for part in ort.__version__.split(".")[:2])
@@ -69,15 +69,15 @@ def build(out_dir: Path, compiler: str) -> Path:
     return target
 
 
+@functools.cache
 def library() -> Path | None:
-    """The compiled kernel library, building it if needed; None when it cannot be had here (see the log)."""
+    """The compiled kernel library, building it if needed (once per process); None when it cannot be had here (the
+    reason is logged once, and kept in :func:`unavailable_reason`)."""
     global _reason
-    if "lib" in _cache:
-        return _cache["lib"]
     path: Path | None = None
     if os.environ.get("BERTZOO_ORT_KERNEL", "1") == "0":
         _reason = "disabled by BERTZOO_ORT_KERNEL=0"
-    elif (problem := _runtime_api_ok()) is not None:
+    elif (problem := _runtime_too_old()) is not None:
         _reason = problem
     elif (compiler := _compiler()) is None:
         _reason = "no C++ compiler found (install g++, or set CXX)"
@@ -93,7 +93,6 @@ def library() -> Path | None:
             _reason = f"the kernel did not build: {e}"
     if path is None:
         log.warning("SparsegenLin: native ONNX Runtime kernel not used (%s); running the ONNX formulation", _reason)
-    _cache["lib"] = path
     return path
 
 
