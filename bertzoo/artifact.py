@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
+
+from .atomic import atomic_write_text
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -29,9 +30,7 @@ def sha256_file(path: Path) -> str:
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def write_manifest(directory: Path, manifest: dict) -> dict:

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import platform
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from bertzoo.artifact import sha256_file, write_json_atomic, write_manifest
+from bertzoo.atomic import atomic_directory
 from bertzoo.tasks import task_spec
 from bertzoo.tokenization import Tokenizer
 from bertzoo.trainer.checkpoint import TOKENIZER, WEIGHTS, load_model
@@ -88,16 +87,8 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, options: ExportOp
     tokenizer = Tokenizer.from_file(source / TOKENIZER)
     limits = train_config.limits
     buckets = tuple(b for b in options.seq_buckets if b < limits.qa_max_length) + (limits.qa_max_length,)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_directory(out) as work:
         manifest = _export_into(work, out, model, train_config, tokenizer, source, buckets, options)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(work, out)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
     log.info("artifact written to %s", out)
     return manifest
 

@@ -20,29 +20,19 @@ with os.replace, so an interrupted run never leaves a half-written checkpoint be
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
 import bertzoo
+from bertzoo.atomic import atomic_directory, atomic_write_text
 
 from .heads import ModelConfig, MultitaskModel
 
 CONFIG, WEIGHTS, TOKENIZER, METRICS = "config.json", "model.safetensors", "tokenizer.json", "metrics.json"
 STATE_TENSORS, STATE_JSON = "trainer_state.safetensors", "trainer_state.json"
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _optimizer_to_files(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
@@ -75,29 +65,23 @@ def save_checkpoint(
     keep: int = 2,
     is_best: bool = False,
 ) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
     name = f"checkpoint-{step:06d}"
     final = out_dir / name
-    tmp = Path(tempfile.mkdtemp(dir=out_dir, prefix=f".{name}."))
     config = {"model": model.config.to_dict(), "train": train_config, "step": step, "bertzoo_version": bertzoo.__version__}
-    (tmp / CONFIG).write_text(json.dumps(config, indent=2), encoding="utf-8")
-    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(tmp / WEIGHTS))
-    (tmp / TOKENIZER).write_text(tokenizer_json, encoding="utf-8")
-    (tmp / METRICS).write_text(json.dumps(metrics or {}, indent=2), encoding="utf-8")
     tensors = {"rng.torch": torch.get_rng_state()}
     meta = dict(trainer_state)
     if optimizer is not None:
         opt_tensors, opt_meta = _optimizer_to_files(optimizer)
         tensors.update(opt_tensors)
         meta["optimizer"] = opt_meta
-    save_file(tensors, str(tmp / STATE_TENSORS))
-    (tmp / STATE_JSON).write_text(json.dumps(meta, indent=2), encoding="utf-8")
-    for f in tmp.iterdir():
-        with open(f, "rb") as handle:
-            os.fsync(handle.fileno())
-    if final.exists():  # re-saving the same step (e.g. after a resume): replace it whole
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    # Re-saving the same step (e.g. after a resume) replaces that checkpoint whole.
+    with atomic_directory(final) as tmp:
+        (tmp / CONFIG).write_text(json.dumps(config, indent=2), encoding="utf-8")
+        save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(tmp / WEIGHTS))
+        (tmp / TOKENIZER).write_text(tokenizer_json, encoding="utf-8")
+        (tmp / METRICS).write_text(json.dumps(metrics or {}, indent=2), encoding="utf-8")
+        save_file(tensors, str(tmp / STATE_TENSORS))
+        (tmp / STATE_JSON).write_text(json.dumps(meta, indent=2), encoding="utf-8")
     atomic_write_text(out_dir / "LATEST", name)
     if is_best:
         atomic_write_text(out_dir / "BEST", name)

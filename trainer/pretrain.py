@@ -22,9 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,11 +33,11 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from bertzoo.atomic import atomic_directory, atomic_write_text
 from bertzoo.backbone import resolve_backbone
 from bertzoo.datafiles import load_split
 from bertzoo.tokenization import Tokenizer, pad_batch
 
-from .checkpoint import atomic_write_text
 from .guidance import AttentionGuidance, check_patterns
 from .model import Encoder, EncoderConfig
 from .plots import line_plot
@@ -393,29 +390,11 @@ def hf_config(config: EncoderConfig) -> dict:
 
 def save_backbone(model: MaskedLM, tokenizer: Tokenizer, directory: Path) -> Path:
     """Write a backbone directory atomically: built under a temporary name, then renamed into place."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}."))
-    try:
+    # Shareable: a backbone is for others to train from (mkdtemp alone would make it owner-only).
+    with atomic_directory(directory, shareable=True) as tmp:
         (tmp / "config.json").write_text(json.dumps(hf_config(model.bert.config), indent=2), encoding="utf-8")
         # Encoder keys as BertModel names them (no prefix, like all-MiniLM-L6-v2) plus the MLM head's.
         tensors = {**model.bert.state_dict(), **model.head_state()}
         save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"))
         (tmp / "tokenizer.json").write_text(tokenizer.to_str(), encoding="utf-8")
-        umask = os.umask(0)
-        os.umask(umask)
-        for f in tmp.iterdir():
-            with open(f, "rb") as handle:
-                os.fsync(handle.fileno())
-            f.chmod(0o666 & ~umask)  # mkdtemp and safetensors create owner-only files; a backbone is for sharing
-        tmp.chmod(0o777 & ~umask)
-        if directory.exists():  # replace a previous run's backbone whole
-            old = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.old."))
-            os.replace(directory, old / directory.name)
-            os.replace(tmp, directory)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, directory)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return directory

@@ -1,0 +1,58 @@
+"""Writing files and directories so that a reader never sees half of one: build under a temporary sibling name,
+flush to disk, then rename into place (a rename within one filesystem is atomic). Checkpoints, pre-trained backbones
+and export artifacts are all written this way, so an interrupted or failed write leaves the previous version intact.
+Torch-free."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` in one step (a temporary file, fsynced, then renamed over it)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+@contextmanager
+def atomic_directory(final: Path, shareable: bool = False) -> Iterator[Path]:
+    """Yield an empty temporary directory beside ``final`` to fill. When the block ends normally its files are
+    fsynced and it is renamed to ``final``, replacing an existing ``final`` whole (moved aside first, then removed);
+    when the block raises, it is removed and ``final`` is untouched.
+
+    ``shareable``: give the directory and its files the permissions the umask allows, as a plain ``mkdir`` would
+    (``mkdtemp`` makes them owner-only), for output other users are meant to read.
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
+    try:
+        yield work
+        umask = os.umask(0)
+        os.umask(umask)
+        for f in work.iterdir():
+            if f.is_file():
+                with open(f, "rb") as handle:
+                    os.fsync(handle.fileno())
+                if shareable:
+                    f.chmod(0o666 & ~umask)
+        if shareable:
+            work.chmod(0o777 & ~umask)
+        if final.exists():
+            aside = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.old."))
+            os.replace(final, aside / final.name)
+            os.replace(work, final)
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.replace(work, final)
+    finally:
+        if work.exists():
+            shutil.rmtree(work, ignore_errors=True)
