@@ -189,9 +189,14 @@ def ort_function_proto(opset: int, bisect_steps: int = ORT_BISECT_STEPS) -> onnx
     return function
 
 
+def carries_function(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` carries the SparsegenLin function, i.e. is an SSAF graph."""
+    return any((f.domain, f.name) == (DOMAIN, OP_TYPE) for f in model.functions)
+
+
 def with_ort_formulation(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` whose SparsegenLin function is the ONNX Runtime formulation (unchanged if it has none)."""
-    if not any(f.domain == DOMAIN and f.name == OP_TYPE for f in model.functions):
+    if not carries_function(model):
         return model
     fast = onnx.ModelProto()
     fast.CopyFrom(model)
@@ -239,5 +244,5 @@ def translation_table() -> dict:
     return {torch.ops.bertzoo.sparsegen_lin.default: _translate}
 
 
-__all__ = ["DOMAIN", "OP_TYPE", "attach_function", "count_nodes", "function_proto", "ort_function_proto",
+__all__ = ["DOMAIN", "OP_TYPE", "attach_function", "carries_function", "count_nodes", "function_proto", "ort_function_proto",
            "translation_table", "with_ort_formulation"]

@@ -3,8 +3,9 @@
 A request becomes :class:`~bertzoo.serving.engine.Work` items (a sentence, a pair, a QA item's windows); each item
 is queued under the "bucket" of its longest sequence, and a batch is cut from one bucket at a time. The server's
 bucket is the width the item will be padded to: with ``pad_to="longest"`` its length rounded up to 8, so no row of
-a batch carries more than 7 padding tokens (padding is compute thrown away: with the export's coarse buckets 16 / 32
-/ 64, a quarter of the encoder's work on SST sentences was padding); with ``pad_to="bucket"`` the length bucket.
+a batch carries more than 7 padding tokens (padding is compute thrown away: with the export's coarse buckets
+16 / 32 / 64, about a quarter of the encoder's work on SST sentences was padding, as simulated by
+benchmarks/padding_sim.py); with ``pad_to="bucket"`` the length bucket.
 
 - **Which bucket**: the one holding the oldest waiting item, so no request starves behind a busier bucket.
 - **How much**: that bucket's items, oldest first, while the batch stays within ``max_batch_size`` sequences and

@@ -1,6 +1,5 @@
 """One encoder batch on a backend: pad the sequences (to the longest, or to the batch's length bucket), run the encoder
-once over all of
-them (whatever task each comes from), then each task's head on the rows of that task.
+once over all of them (whatever task each comes from), then each task's head on the rows of that task.
 
 Heads get exactly the inputs ``bertzoo.pipeline.predict`` gives them (states trimmed to each sequence and padded
 again with ``pipeline.pad_states``), so a served answer equals the evaluated one. This module is pure computation;

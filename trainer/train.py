@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from tqdm import tqdm
 
+from bertzoo.atomic import atomic_write_text
 from bertzoo.backbone import resolve_backbone
 from bertzoo.datafiles import load_split, samples_dir
 from bertzoo.tasks import task_spec
@@ -173,7 +174,7 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
     if env.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
         log.info("effective config:\n%s", config.to_json())
-        ckpt.atomic_write_text(out_dir / "train_config.json", config.to_json())
+        atomic_write_text(out_dir / "train_config.json", config.to_json())
 
     model, tokenizer = build_model(config)
     limits = config.limits

@@ -102,9 +102,9 @@ def prepare(models: dict, options, providers: list[str]) -> tuple[dict, bool]:
     and the models stay as exported: ONNX Runtime prefers a registered kernel to a model-local function of the same
     name. Elsewhere, or without the kernel, each function is swapped for the ORT formulation. Returns the models and
     whether the native kernel is in use."""
-    from bertzoo.export.sparsegen_onnx import DOMAIN, OP_TYPE, with_ort_formulation
+    from bertzoo.export.sparsegen_onnx import carries_function, with_ort_formulation
 
-    if not any((f.domain, f.name) == (DOMAIN, OP_TYPE) for m in models.values() for f in m.functions):
+    if not any(carries_function(m) for m in models.values()):
         return models, False
     if providers == ["CPUExecutionProvider"] and (path := library()) is not None:
         options.register_custom_ops_library(str(path))
