@@ -82,7 +82,10 @@ def main(verbose: bool) -> None:
               help="Top SQuAD 2.0 train data up to this share of unanswerable questions with synthetic ones "
                    "[default: 0.5; 0: off].")
 @click.option("--qa-null-threshold", type=float, default=None,
-              help="Answer 'no answer' when the null score beats the best span by more than this [default: 0].")
+              help="Answer 'no answer' when the null score beats the best span by more than this [default: 0; "
+                   "refitted at each checkpoint when articles are held out for it].")
+@click.option("--qa-calibration-articles", type=int, default=None,
+              help="SQuAD 2.0 articles held out of training to fit the no-answer threshold [default: 1; 0: off].")
 @click.option("--epochs", type=float, default=None)
 @click.option("--max-steps", type=int, default=None, help="Stop after this many steps (overrides --epochs).")
 @click.option("--limit-per-task", type=int, default=None, help="Use only the first N training examples per task.")

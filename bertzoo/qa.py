@@ -134,7 +134,8 @@ def squad_metrics(predictions: Mapping[str, str], examples: Sequence[QAExampleLi
 
 
 def best_null_threshold(
-    span_texts: Mapping[str, str], null_margins: Mapping[str, float], examples: Sequence[QAExampleLike]
+    span_texts: Mapping[str, str], null_margins: Mapping[str, float], examples: Sequence[QAExampleLike],
+    unanswerable_share: float | None = None,
 ) -> dict[str, float]:
     """The official SQuAD v2.0 script's ``best_exact``/``best_f1``: the score at the best no-answer threshold.
 
@@ -142,25 +143,39 @@ def best_null_threshold(
     question is answered "" when its margin is above the threshold. Sweeping the threshold over the sorted margins
     finds the best one, as ``find_best_thresh`` in the official evaluation does. The threshold is fitted on the
     examples it is scored on, so it is an optimistic number: report it next to the fixed-threshold score.
+
+    ``unanswerable_share`` reweights the questions as if that share of them were unanswerable (each class keeps its
+    own distribution of margins). The best threshold depends on that share, and a held-out slice of training data
+    rarely has the share the model will meet (SQuAD 2.0 train: 1/3 unanswerable; dev and test: 1/2).
     """
+    labelled = [(ex, *_gold_answers(ex)) for ex in examples]
+    n_no = sum(not has_answer for _, has_answer, _ in labelled)
+    n_has = len(labelled) - n_no
+    weight_has = weight_no = 1.0
+    if unanswerable_share is not None:
+        if not 0.0 < unanswerable_share < 1.0:
+            raise ValueError(f"unanswerable_share must be in (0, 1), got {unanswerable_share}")
+        if n_no and n_has:  # with one class only there is nothing to reweight
+            weight_has = (1.0 - unanswerable_share) * len(labelled) / n_has
+            weight_no = unanswerable_share * len(labelled) / n_no
     out = {}
     for name, measure in (("exact", exact_match), ("f1", f1)):
         gains = []
-        no_answer_count = 0
-        for ex in examples:
-            has_answer, golds = _gold_answers(ex)
-            no_answer_count += not has_answer
+        for ex, has_answer, golds in labelled:
             pred = span_texts.get(ex.id, "")
-            answered = max((measure(pred, g) for g in golds), default=0.0) if has_answer else float(pred == "")
-            gains.append((null_margins.get(ex.id, np.inf), answered - float(not has_answer)))
+            if has_answer:
+                gain = weight_has * max((measure(pred, g) for g in golds), default=0.0)
+            else:  # answering an unanswerable question forfeits its point
+                gain = weight_no * (float(pred == "") - 1.0)
+            gains.append((null_margins.get(ex.id, np.inf), gain))
         # Everything answered "" scores the no-answer questions; answering question q instead adds gains[q].
-        current = best = float(no_answer_count)
+        current = best = weight_no * n_no
         threshold = float("-inf")
         for margin, gain in sorted(gains, key=lambda g: g[0]):
             current += gain
             if current > best:
                 best, threshold = current, margin
-        out[f"best_{name}"] = 100.0 * best / len(examples) if examples else 0.0
+        out[f"best_{name}"] = 100.0 * best / len(labelled) if labelled else 0.0
         out[f"best_{name}_threshold"] = threshold
     return out
 

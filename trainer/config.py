@@ -46,6 +46,10 @@ class TrainConfig:
     # (train has 1/3): a model trained on fewer abstains too rarely. 0 turns it off.
     qa_unanswerable_fraction: float = 0.5
     qa_null_threshold: float = 0.0  # answer "no answer" when null score - best span score exceeds this
+    # Articles of the QA training data held out to fit qa_null_threshold at each checkpoint (trainer/calibration.py),
+    # for this share of unanswerable questions (None: the held-out articles' own share). 0 articles: keep the value.
+    qa_calibration_articles: int = 1
+    qa_calibration_share: float | None = 0.5
     # optimisation
     epochs: float = 3.0
     max_steps: int | None = None  # overrides epochs when set
@@ -96,6 +100,10 @@ class TrainConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if not 0.0 <= self.qa_unanswerable_fraction < 1.0:
             raise ValueError(f"qa_unanswerable_fraction must be in [0, 1), got {self.qa_unanswerable_fraction}")
+        if self.qa_calibration_articles < 0:
+            raise ValueError(f"qa_calibration_articles must be >= 0, got {self.qa_calibration_articles}")
+        if self.qa_calibration_share is not None and not 0.0 < self.qa_calibration_share < 1.0:
+            raise ValueError(f"qa_calibration_share must be in (0, 1), got {self.qa_calibration_share}")
         if self.similarity_loss not in ("mse", "neg_pearson"):
             raise ValueError(f"similarity_loss must be 'mse' or 'neg_pearson', got {self.similarity_loss!r}")
         if not 0.0 <= self.ag_fraction <= 1.0:

@@ -33,6 +33,7 @@ from bertzoo.unanswerable import synthesize_unanswerable
 
 from . import checkpoint as ckpt
 from .batches import TaskStream, build_features, collate, steps_per_epoch, task_for_step
+from .calibration import calibrate_null_threshold, hold_out_articles
 from .config import TrainConfig
 from .evaluate import evaluate
 from .heads import ModelConfig, MultitaskModel
@@ -89,8 +90,8 @@ def build_model(config: TrainConfig) -> tuple[MultitaskModel, Tokenizer]:
     return model, Tokenizer.from_file(backbone.tokenizer_path)
 
 
-def load_splits(config: TrainConfig, split: str, limit: int | None, augment: bool = False) -> dict[str, list]:
-    """Each task's examples of a split; ``augment`` adds the training-only synthetic QA negatives."""
+def load_splits(config: TrainConfig, split: str, limit: int | None) -> dict[str, list]:
+    """Each task's examples of a split."""
     data_dir = Path(config.data_dir) if config.data_dir else samples_dir()
     splits = {}
     for task in config.tasks:
@@ -98,11 +99,26 @@ def load_splits(config: TrainConfig, split: str, limit: int | None, augment: boo
         examples = load_split(data_dir, task, split, config.sentiment_dataset, skipped=skipped)
         if skipped:
             log.warning("%s/%s: skipped %d malformed rows (first: %s)", task, split, len(skipped), skipped[0])
-        examples = examples[:limit] if limit else examples
-        if task == "qa" and augment:
-            examples = examples + _unanswerable_top_up(examples, config)
-        splits[task] = examples
+        splits[task] = examples[:limit] if limit else examples
     return splits
+
+
+def load_training_data(config: TrainConfig) -> tuple[dict[str, list], list]:
+    """The training splits, and the QA questions held out of them to calibrate the no-answer threshold.
+
+    The held-out articles are taken out before the synthetic negatives are made, so none of those is built from a
+    held-out paragraph either.
+    """
+    splits = load_splits(config, "train", config.limit_per_task)
+    calibration: list = []
+    if "qa" in splits:
+        splits["qa"], calibration = hold_out_articles(splits["qa"], config.qa_calibration_articles)
+        if calibration:
+            log.info("qa/train: %d questions of %s held out to fit the no-answer threshold (%d unanswerable)",
+                     len(calibration), sorted({e.title for e in calibration}),
+                     sum(e.is_impossible for e in calibration))
+        splits["qa"] = splits["qa"] + _unanswerable_top_up(splits["qa"], config)
+    return splits, calibration
 
 
 def _unanswerable_top_up(examples: list, config: TrainConfig) -> list:
@@ -178,7 +194,7 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
 
     model, tokenizer = build_model(config)
     limits = config.limits
-    train_splits = load_splits(config, "train", config.limit_per_task, augment=True)
+    train_splits, calibration = load_training_data(config)
     dev_splits = load_splits(config, "dev", config.eval_limit_per_task) if config.eval_every_epoch else {}
     streams = {
         task: TaskStream(task, build_features(task, examples, tokenizer, limits), config.batch_size, config.seed,
@@ -284,8 +300,8 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
                         log_file.flush()
                 broadcast(prioritizer)
             if done % epoch_steps == 0 or done == total_steps:
-                metrics, best = _end_of_epoch(config, env, model, optimizer, tokenizer, dev_splits, streams, done,
-                                              best, log_file,
+                metrics, best = _end_of_epoch(config, env, model, optimizer, tokenizer, dev_splits, calibration,
+                                              streams, done, best, log_file,
                                               {"prioritizer": prioritizer.state_dict()} if prioritizer else None)
     finally:
         bar.close()
@@ -295,12 +311,22 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
 
 
 def _end_of_epoch(config: TrainConfig, env: Dist, model: MultitaskModel, optimizer: torch.optim.Optimizer,
-                  tokenizer: Tokenizer, dev_splits: dict[str, list], streams: dict[str, TaskStream], step: int,
-                  best: float, log_file, extra_state: dict | None = None) -> tuple[dict, float]:
-    """Rank 0 evaluates on dev (if asked) and saves a checkpoint; the other ranks wait for it."""
+                  tokenizer: Tokenizer, dev_splits: dict[str, list], calibration: list,
+                  streams: dict[str, TaskStream], step: int, best: float, log_file, extra_state: dict | None = None
+                  ) -> tuple[dict, float]:
+    """Rank 0 fits the no-answer threshold (if QA questions were held out for it), evaluates on dev (if asked) and
+    saves a checkpoint; the other ranks wait for it."""
     metrics: dict = {}
     is_best = False
     if env.is_main:
+        if calibration:  # before dev evaluation and the save, so both use this checkpoint's own threshold
+            fitted = calibrate_null_threshold(model, calibration, tokenizer, config.limits,
+                                              config.qa_calibration_share)
+            log.info("step %d: no-answer threshold %.3f fitted on %d held-out questions (held-out F1 %.2f, "
+                     "%.2f at the previous %.3f)", step, fitted["threshold"], fitted["questions"],
+                     fitted["f1_at_threshold"], fitted["f1_at_previous"], fitted["previous_threshold"])
+            if log_file:
+                log_file.write(json.dumps({"step": step, "qa_calibration": fitted}) + "\n")
         if dev_splits:
             metrics = evaluate(model, dev_splits, tokenizer, config.limits)
             log.info("dev metrics at step %d: %s", step, json.dumps(metrics))
