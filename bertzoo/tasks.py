@@ -179,6 +179,7 @@ def score_qa(spans: dict[str, SpanPrediction], examples: Sequence[QAExample], nu
     baseline on the same questions for context."""
     metrics = squad_metrics({i: with_null_threshold(s, null_threshold).text for i, s in spans.items()}, examples)
     if any(e.is_impossible for e in examples):
+        metrics["null_threshold"] = null_threshold  # the one used above: the checkpoint's, unless overridden
         metrics.update(best_null_threshold({i: s.text for i, s in spans.items()},
                                            {i: s.null_score - s.score for i, s in spans.items()}, examples))
     metrics["no_answer_baseline_f1"] = 100.0 * float(np.mean([e.is_impossible for e in examples])) if examples else 0.0

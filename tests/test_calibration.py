@@ -70,3 +70,4 @@ def test_training_fits_the_threshold_on_held_out_articles_and_the_checkpoint_kee
     assert saved["model"]["qa_null_threshold"] == fitted["threshold"] == model.config.qa_null_threshold
     reloaded, _, _ = load_model(config.out_dir)
     assert reloaded.config.qa_null_threshold == fitted["threshold"]
+    assert metrics["qa"]["null_threshold"] == fitted["threshold"], "dev evaluation must use the fitted threshold"
