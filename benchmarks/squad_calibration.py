@@ -23,15 +23,16 @@ import numpy as np
 
 from bertzoo import pipeline
 from bertzoo.datafiles import load_split
-from bertzoo.qa import best_null_threshold, squad_metrics
+from bertzoo.qa import SpanPrediction, best_null_threshold, squad_metrics, with_null_threshold
 from bertzoo.tokenization import Tokenizer
 from bertzoo.trainer.checkpoint import TOKENIZER, load_model
 from bertzoo.trainer.config import TrainConfig
 from bertzoo.trainer.evaluate import TorchBackend
 
 
-def answers_at(threshold: float, spans: dict[str, str], margins: dict[str, float], ids) -> dict[str, str]:
-    return {i: ("" if margins[i] > threshold else spans[i]) for i in ids}
+def answers_at(threshold: float, predictions: dict[str, SpanPrediction], ids) -> dict[str, str]:
+    """Each question's answer at ``threshold``, by the same rule ``bertzoo eval`` and the server apply."""
+    return {i: with_null_threshold(predictions[i], threshold).text for i in ids}
 
 
 def per_question_f1(answers: dict[str, str], examples) -> np.ndarray:
@@ -66,6 +67,7 @@ def main() -> None:
     started = time.perf_counter()
     predictions = pipeline.predict(TorchBackend(model), "qa", examples, tokenizer, limits, allow_impossible=False)
     print(f"{len(examples)} dev questions predicted in {time.perf_counter() - started:.0f} s")
+    by_id = {e.id: p for e, p in zip(examples, predictions, strict=True)}
     spans = {e.id: p.text for e, p in zip(examples, predictions, strict=True)}
     margins = {e.id: p.null_score - p.score for e, p in zip(examples, predictions, strict=True)}
 
@@ -77,17 +79,17 @@ def main() -> None:
     for name, other in (("A", "B"), ("B", "A")):
         fitted = best_null_threshold(spans, margins, folds[other])["best_f1_threshold"]
         scored = folds[name]
-        answers = answers_at(fitted, spans, margins, [e.id for e in scored])
+        answers = answers_at(fitted, by_id, [e.id for e in scored])
         combined.update(answers)
         report[name] = {
             "questions": len(scored), "unanswerable": sum(e.is_impossible for e in scored),
             "threshold_fitted_on_other_half": fitted,
             "f1_at_fitted": squad_metrics(answers, scored)["f1"],
-            "f1_at_0": squad_metrics(answers_at(0.0, spans, margins, [e.id for e in scored]), scored)["f1"],
+            "f1_at_0": squad_metrics(answers_at(0.0, by_id, [e.id for e in scored]), scored)["f1"],
             "f1_always_no_answer": squad_metrics({e.id: "" for e in scored}, scored)["f1"],
         }
     stored = model.config.qa_null_threshold
-    at_stored = answers_at(stored, spans, margins, spans)
+    at_stored = answers_at(stored, by_id, by_id)
     gaps = per_question_f1(at_stored, examples) - per_question_f1({e.id: "" for e in examples}, examples)
     report["checkpoint_threshold"] = {
         "threshold": stored, **squad_metrics(at_stored, examples),
@@ -97,7 +99,7 @@ def main() -> None:
         "gap_to_no_answer_f1": float(gaps.mean()), **bootstrap_gap(gaps, [e.title for e in examples]),
     }
     report["all"] = {
-        "f1_at_0": squad_metrics(answers_at(0.0, spans, margins, spans), examples),
+        "f1_at_0": squad_metrics(answers_at(0.0, by_id, by_id), examples),
         "f1_cross_fitted": squad_metrics(combined, examples),
         "f1_always_no_answer": squad_metrics({e.id: "" for e in examples}, examples)["f1"],
         "best_f1_fitted_on_itself": best_null_threshold(spans, margins, examples),

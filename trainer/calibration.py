@@ -61,15 +61,15 @@ def calibrate_null_threshold(model: MultitaskModel, examples: Sequence[QAExample
     finally:
         model.train(was_training)
     by_id = {e.id: s for e, s in zip(examples, spans, strict=True)}
-    fitted = best_null_threshold({i: s.text for i, s in by_id.items()},
-                                 {i: s.null_score - s.score for i, s in by_id.items()}, examples, unanswerable_share)
+    margins = {i: s.null_score - s.score for i, s in by_id.items()}
+    fitted = best_null_threshold({i: s.text for i, s in by_id.items()}, margins, examples, unanswerable_share)
 
     def f1_at(threshold: float) -> float:
         return squad_metrics({i: with_null_threshold(s, threshold).text for i, s in by_id.items()}, examples)["f1"]
 
     previous, threshold = model.config.qa_null_threshold, fitted["best_f1_threshold"]
     if threshold == float("-inf"):  # abstaining on every held-out question was best: keep it finite for JSON
-        threshold = min(s.null_score - s.score for s in by_id.values()) - 1.0
+        threshold = min(margins.values()) - 1.0
     model.config.qa_null_threshold = threshold
     return {"questions": len(examples), "unanswerable": sum(e.is_impossible for e in examples),
             "articles": sorted({e.title for e in examples}), "unanswerable_share": unanswerable_share,
