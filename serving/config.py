@@ -7,7 +7,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-BACKENDS = ("onnxruntime", "torch")
+BACKENDS = ("onnxruntime", "torch", "tensorrt")
+DEVICES = ("cpu", "cuda")
+# auto: fp16 on a GPU (as a TensorRT fp16 engine), fp32 on the CPU. Only the torch backend has a choice: an ONNX
+# Runtime artifact's precision is its variant, a TensorRT engine's the one it was built with.
+PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 OVERLONG_POLICIES = ("truncate", "reject")
 
 
@@ -38,6 +42,9 @@ class BatchSettings:
 class ServeConfig:
     model_dir: str  # an export artifact (onnxruntime) or a checkpoint / run directory (torch)
     backend: str = "onnxruntime"
+    device: str = "cpu"  # where the backend runs: cpu, or cuda (the first visible NVIDIA GPU)
+    precision: str = "auto"  # torch backend only; see PRECISIONS
+    cuda_graphs: bool = True  # torch on cuda: replay one captured CUDA graph per (batch, length) shape
     variant: str = "fp32"  # onnxruntime encoder variant: fp32, optimized or int8
     threads: int | None = None  # intra-op threads of the backend; None: all cores
     # ORT worker threads spin between ops when on. Off by default: a server shares its cores with gRPC, the event loop
@@ -61,6 +68,17 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.backend == "tensorrt" and self.device != "cuda":
+            raise ValueError("the tensorrt backend runs on a GPU only: add --device cuda")
+        if self.precision != "auto" and self.backend != "torch":
+            raise ValueError(f"precision is chosen at export for the {self.backend} backend (the artifact's variant "
+                             "or engine); leave it at auto")
+        if self.precision in ("fp16", "bf16") and self.device == "cpu":
+            raise ValueError(f"precision {self.precision} needs --device cuda; the CPU reference runs fp32")
         if self.overlong not in OVERLONG_POLICIES:
             raise ValueError(f"overlong must be one of {OVERLONG_POLICIES}, got {self.overlong!r}")
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -80,6 +98,13 @@ class ServeConfig:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.shutdown_grace < 0:
             raise ValueError(f"shutdown_grace must be >= 0, got {self.shutdown_grace}")
+
+    @property
+    def resolved_precision(self) -> str:
+        """The precision the torch backend computes in."""
+        if self.precision != "auto":
+            return self.precision
+        return "fp16" if self.device == "cuda" else "fp32"
 
     @property
     def tls(self) -> bool:

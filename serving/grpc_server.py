@@ -122,9 +122,12 @@ class BertzooServer:
                                 group, served.tokenizer.pad_id, config.batch, self.metrics)
         self._batcher.start()
         self._service = TaskService(served, self._batcher, config, self.metrics)
+        spec = served.spec
+        self.metrics.build_info.info({"backend": spec.backend, "device": spec.device, "precision": spec.precision,
+                                      "variant": spec.variant, "version": _version()})
         for service in ("", SERVICE_NAME):
             await self._health.set(service, SERVING)
-        log.info("ready: health SERVING")
+        log.info("ready: health SERVING (%s on %s, %s)", spec.backend, spec.device, spec.precision)
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop accepting calls, let accepted ones finish (up to ``grace`` seconds; None: the configured
@@ -140,6 +143,15 @@ class BertzooServer:
             self._service.close()
         self.metrics.close()
         log.info("stopped")
+
+
+def _version() -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("bertzoo")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 async def serve(config: ServeConfig, loader: ModelLoader = load_served_model) -> None:

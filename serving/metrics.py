@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
 log = logging.getLogger("bertzoo.serving")
 
@@ -46,6 +46,10 @@ class Metrics:
                                 registry=r)
         self.failures = Counter("bertzoo_request_failures", "Failed RPCs, by task, status code and reason.",
                                 ["task", "code", "reason"], registry=r)
+        # bertzoo_build_info{backend, device, precision, variant, version} 1, set once the model is loaded: dashboards
+        # and alerts can tell a GPU replica from a CPU one, or an int8 one from fp32.
+        self.build_info = Info("bertzoo_build", "What this server runs: backend, device, precision, variant, version.",
+                               registry=r)
         self._http: WSGIServer | None = None
 
     def record_request(self, task: str, code: str, reason: str, seconds: float) -> None:

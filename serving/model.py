@@ -36,6 +36,8 @@ class ModelSpec:
     hidden_size: int
     backend: str
     variant: str
+    device: str = "cpu"
+    precision: str = "fp32"  # what the encoder computes in: fp32, fp16, bf16 or int8
     artifact_versions: dict[str, str] = field(default_factory=dict)
 
     def bucket_for(self, length: int) -> int:
@@ -61,7 +63,7 @@ def _buckets(candidates: tuple[int, ...], limits: Limits) -> tuple[int, ...]:
 def _from_artifact(config: ServeConfig) -> ServedModel:
     from bertzoo.artifact import load_manifest
 
-    from .backends import OnnxRuntimeBackend
+    from .backends import OnnxRuntimeBackend, TensorRTWithOrtHeads
 
     directory = Path(config.model_dir)
     manifest = load_manifest(directory)  # checks every file's sha256 before anything runs
@@ -69,15 +71,21 @@ def _from_artifact(config: ServeConfig) -> ServedModel:
     model = manifest["model"]
     labels = {"sentiment": tuple(manifest["labels"]["sentiment"]),
               "paraphrase": tuple(manifest["labels"].get("paraphrase", PARAPHRASE_LABELS))}
+    if config.backend == "tensorrt":
+        variant, precision = "tensorrt_fp16", "fp16"
+        backend = TensorRTWithOrtHeads.from_artifact(directory, manifest, variant, threads=config.threads)
+    else:
+        variant, precision = config.variant, "int8" if config.variant == "int8" else "fp32"
+        backend = OnnxRuntimeBackend(directory, config.variant, threads=config.threads, device=config.device,
+                                     manifest=manifest, spinning=config.ort_spinning)
     spec = ModelSpec(
         tasks=tuple(model["tasks"]), labels=labels, limits=limits, pooling=model["pooling"],
         qa_null_threshold=float(model.get("qa_null_threshold", 0.0)),
         length_buckets=_buckets(tuple(manifest.get("length_buckets", DEFAULT_LENGTH_BUCKETS)), limits),
-        hidden_size=int(model["encoder"]["hidden_size"]), backend="onnxruntime", variant=config.variant,
+        hidden_size=int(model["encoder"]["hidden_size"]), backend=config.backend, variant=variant,
+        device=config.device, precision=precision,
         artifact_versions={k: str(v) for k, v in manifest.get("versions", {}).items()},
     )
-    backend = OnnxRuntimeBackend(directory, config.variant, threads=config.threads, manifest=manifest,
-                                 spinning=config.ort_spinning)
     return ServedModel(spec, Tokenizer.from_file(directory / manifest["tokenizer"]), backend)
 
 
@@ -88,9 +96,16 @@ def _from_checkpoint(config: ServeConfig) -> ServedModel:
     from bertzoo.trainer.config import TrainConfig
     from bertzoo.trainer.evaluate import TorchBackend
 
+    from .backends import check_available
+
+    check_available("torch", config.device)
     if config.threads:
         torch.set_num_threads(config.threads)
     model, saved, directory = load_model(config.model_dir)
+    device = torch.device("cuda" if config.device == "cuda" else "cpu")
+    precision = config.resolved_precision
+    backend = TorchBackend(model.to(device).eval(), device, precision,
+                           cuda_graphs=config.device == "cuda" and config.cuda_graphs)
     train_config = TrainConfig.from_dict(saved["train"])
     limits = train_config.limits
     spec = ModelSpec(
@@ -99,16 +114,17 @@ def _from_checkpoint(config: ServeConfig) -> ServedModel:
                 "paraphrase": PARAPHRASE_LABELS},
         qa_null_threshold=float(model.config.qa_null_threshold),
         length_buckets=_buckets(DEFAULT_LENGTH_BUCKETS, limits), hidden_size=model.config.encoder.hidden_size,
-        backend="torch", variant="checkpoint",
+        backend="torch", variant="checkpoint", device=config.device, precision=precision,
     )
-    return ServedModel(spec, Tokenizer.from_file(directory / TOKENIZER), TorchBackend(model))
+    return ServedModel(spec, Tokenizer.from_file(directory / TOKENIZER), backend)
 
 
 def load_served_model(config: ServeConfig) -> ServedModel:
     """Load (and hash-check, for an artifact) the model ``config`` names. Slow: call it off the event loop."""
-    served = _from_artifact(config) if config.backend == "onnxruntime" else _from_checkpoint(config)
-    log.info("loaded %s (%s %s): tasks %s, buckets %s", config.model_dir, served.spec.backend, served.spec.variant,
-             ",".join(served.spec.tasks), served.spec.length_buckets)
+    served = _from_checkpoint(config) if config.backend == "torch" else _from_artifact(config)
+    spec = served.spec
+    log.info("loaded %s: backend %s (%s), device %s, precision %s; tasks %s, buckets %s", config.model_dir,
+             spec.backend, spec.variant, spec.device, spec.precision, ",".join(spec.tasks), spec.length_buckets)
     return served
 
 
@@ -131,7 +147,8 @@ def warm_up(served: ServedModel) -> None:
 def runtime_versions(backend: str) -> dict[str, str]:
     """The versions this server process runs with (reported by ModelInfo)."""
     packages = ["bertzoo", "grpcio", "protobuf", "numpy", "tokenizers"]
-    packages.append("onnxruntime" if backend == "onnxruntime" else "torch")
+    packages += {"onnxruntime": ["onnxruntime", "onnxruntime-gpu"], "torch": ["torch"],
+                 "tensorrt": ["tensorrt", "onnxruntime", "onnxruntime-gpu"]}[backend]
     versions = {"python": platform.python_version()}
     for name in packages:
         try:

@@ -129,6 +129,7 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
                     qa_max_answer_tokens=limits.qa_max_answer_tokens, overlong=config.overlong),
                 backend=spec.backend, variant=spec.variant, pooling=spec.pooling, embedding_dimensions=spec.hidden_size,
                 length_buckets=spec.length_buckets, qa_null_threshold=spec.qa_null_threshold,
-                artifact_versions=spec.artifact_versions, runtime_versions=self._runtime_versions)
+                artifact_versions=spec.artifact_versions, runtime_versions=self._runtime_versions,
+                device=spec.device, precision=spec.precision)
 
         return await self._handle("model_info", context, answer)

@@ -104,8 +104,15 @@ def test_prepare_registers_the_kernel_only_for_ssaf_graphs_on_cpu(library) -> No
     assert not native and models["plain"] is plain
     models, native = ort_kernel.prepare({"ssaf": ssaf}, ort.SessionOptions(), ["CPUExecutionProvider"])
     assert native and models["ssaf"] is ssaf
-    # Another execution provider in the list: the portable formulation instead (the kernel is CPU-only).
+    # A GPU provider in the list: the function body as exported (the kernel is CPU-only; on the GPU the body's TopK
+    # and CumSum beat the formulation's Loop); asked for, the formulation.
     models, native = ort_kernel.prepare({"ssaf": ssaf}, ort.SessionOptions(),
                                         ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert not native and models["ssaf"] is ssaf
+    models, native = ort_kernel.prepare({"ssaf": ssaf}, ort.SessionOptions(),
+                                        ["CUDAExecutionProvider", "CPUExecutionProvider"], "formulation")
     assert not native
     assert models["ssaf"].functions[0] == ort_function_proto(18)
+    with pytest.raises(RuntimeError, match="CPU provider alone"):
+        ort_kernel.prepare({"ssaf": ssaf}, ort.SessionOptions(), ["CUDAExecutionProvider", "CPUExecutionProvider"],
+                           "native")

@@ -278,7 +278,7 @@ def test_the_dashboard_charts_every_metric_and_only_those():
                            .read_text())
     charted = set(re.findall(r"bertzoo_[a-z_]+", " ".join(t["expr"] for p in dashboard["panels"]
                                                            for t in p["targets"])))
-    suffixes = {"histogram": ("_bucket", "_sum", "_count"), "counter": ("_total",), "gauge": ("",)}
+    suffixes = {"histogram": ("_bucket", "_sum", "_count"), "counter": ("_total",), "gauge": ("",), "info": ("_info",)}
     families = {f.name: f.type for f in Metrics().registry.collect()}
     exported = {name + suffix for name, kind in families.items() for suffix in suffixes[kind]}
     assert charted <= exported, charted - exported

@@ -18,21 +18,49 @@ from bertzoo.tokenization import Tokenizer
 
 from .heads import MultitaskModel
 
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
 
 class TorchBackend:
-    """The PyTorch reference backend: numpy in, numpy out, as ``bertzoo.pipeline.Backend`` asks."""
+    """The PyTorch reference backend: numpy in, numpy out, as ``bertzoo.pipeline.Backend`` asks.
 
-    def __init__(self, model: MultitaskModel, device: torch.device | None = None) -> None:
+    ``precision`` fp16 / bf16 casts the encoder's weights to that type (so use it on a model of its own, as the
+    server does); the heads are small and stay float32, fed the encoder's states as float32, as on every engine.
+    ``cuda_graphs`` replays the encoder as captured CUDA graphs (trainer/cuda_graphs.py), for a model on a GPU.
+    """
+
+    def __init__(self, model: MultitaskModel, device: torch.device | None = None, precision: str = "fp32",
+                 cuda_graphs: bool = False) -> None:
+        if precision not in DTYPES:
+            raise ValueError(f"precision must be one of {tuple(DTYPES)}, got {precision!r}")
         self.model = model
         self.device = device or next(model.parameters()).device
+        self.precision = precision
+        self.dtype = DTYPES[precision]
+        if self.dtype != torch.float32:
+            model.encoder.to(self.dtype)
+        self.graphs = None
+        if cuda_graphs:
+            if self.device.type != "cuda":
+                raise ValueError(f"CUDA graphs need a model on a CUDA device, this one is on {self.device}")
+            from .cuda_graphs import GraphedEncoder
+
+            model.eval()
+            self.graphs = GraphedEncoder(self._encode_tensors, self.device)
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
 
     @torch.no_grad()
+    def _encode_tensors(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.model.encode(inputs)
+
+    @torch.no_grad()
     def encode(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         self.model.eval()
-        return self.model.encode({k: self._tensor(v) for k, v in batch.items()}).float().cpu().numpy()
+        if self.graphs is not None and (states := self.graphs.encode(batch)) is not None:
+            return states
+        return self._encode_tensors({k: self._tensor(v) for k, v in batch.items()}).float().cpu().numpy()
 
     @torch.no_grad()
     def head(self, task: str, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:

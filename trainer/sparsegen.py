@@ -82,9 +82,37 @@ def _threshold_bisect(z: Tensor, valid: Tensor) -> Tensor:
 # domain (bertzoo/export) instead of tracing the sort or the bisection loop into primitive ops.
 @torch.library.custom_op("bertzoo::sparsegen_lin", mutates_args=())
 def _sparsegen_lin_op(scores: Tensor, mask: Tensor | None, lam: float, impl: str) -> Tensor:
+    return _sparsegen_lin_eager(scores, mask, lam, impl)
+
+
+def _sparsegen_lin_eager(scores: Tensor, mask: Tensor | None, lam: float, impl: str) -> Tensor:
     z, valid = _prepare(scores, mask, lam)
     tau = _threshold_sort(z, valid) if impl == "sort" else _threshold_bisect(z, valid)
     return torch.where(valid, (z - tau).clamp(min=0), torch.zeros_like(z)).to(scores.dtype)
+
+
+@_sparsegen_lin_op.register_kernel("cuda")
+def _(scores: Tensor, mask: Tensor | None, lam: float, impl: str) -> Tensor:
+    # On a GPU the bisect threshold runs as one Triton program per row (export/sparsegen_triton.py, the same steps as
+    # _threshold_bisect) instead of ~60 eager kernels over the whole score tensor. float64 (gradcheck) and rows
+    # longer than the kernel's register block stay on the eager code; so does `sort`, the textbook oracle.
+    if impl == "bisect" and scores.dtype != torch.float64 and 0 < scores.shape[-1] <= _TRITON_MAX_KEYS:
+        kernel = _triton_kernel()
+        if kernel is not None:
+            return kernel(scores, mask, lam)
+    return _sparsegen_lin_eager(scores, mask, lam, impl)
+
+
+_TRITON_MAX_KEYS = 512  # export/sparsegen_triton.MAX_KEYS
+
+
+def _triton_kernel():
+    """The Triton sparsegen-lin kernel, or None where triton is not installed."""
+    try:
+        from bertzoo.export.sparsegen_triton import sparsegen_lin_triton
+    except ImportError:
+        return None
+    return sparsegen_lin_triton
 
 
 @_sparsegen_lin_op.register_fake

