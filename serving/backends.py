@@ -38,7 +38,7 @@ class BackendUnavailable(RuntimeError):
 
 
 ORT_GPU_HINT = ("install the GPU build of ONNX Runtime in place of the CPU one: `pip uninstall -y onnxruntime && pip "
-                "install onnxruntime-gpu` (match its CUDA major version to your driver's; see the README)")
+                "install 'bertzoo[serve-gpu]'` (for a CUDA 12 driver add 'onnxruntime-gpu<1.27'; see the README)")
 
 
 def ort_providers(device: str) -> list:
