@@ -376,14 +376,32 @@ def _client_options(command):
 @click.argument("task", type=click.Choice([*SERVE_TASKS, "info", "health"]))
 @click.argument("texts", nargs=-1)
 @_client_options
+@click.option("--service", default="", help="health: the service to check (bertzoo.v1.Bertzoo); '' is the server.")
+@click.option("--wait", type=float, default=0.0,
+              help="health: check again until SERVING or this many seconds have passed (0: check once).")
 def client_command(task: str, texts: tuple[str, ...], target: str, token: str | None, tls: bool, tls_ca: str | None,
-                   timeout: float) -> None:
+                   timeout: float, service: str, wait: float) -> None:
     """Call a bertzoo server and print the answer as JSON. sentiment / embed: TEXT...; paraphrase / similarity:
-    TEXT_A TEXT_B [TEXT_A TEXT_B ...]; qa: QUESTION CONTEXT; info; health."""
+    TEXT_A TEXT_B [TEXT_A TEXT_B ...]; qa: QUESTION CONTEXT; info; health.
+
+    health is a probe for scripts, containers and orchestrators: exit code 0 only when SERVING; 2 when the server
+    cannot be reached (or the deadline passed); 3 when the health RPC failed; 4 for any other status (NOT_SERVING while
+    loading or draining, SERVICE_UNKNOWN); 5 for a TLS or authorization failure. The reason goes to stderr."""
     import grpc
     from google.protobuf.json_format import MessageToDict
 
-    from bertzoo.serving.client import BertzooClient
+    from bertzoo.serving.client import HEALTH_SERVING, BertzooClient, wait_for_health
+
+    if task == "health":
+        if wait < 0:
+            raise click.UsageError("--wait must be >= 0")
+        with BertzooClient(target, token=token, tls=tls, root_certificates=tls_ca, timeout=timeout) as client:
+            code, what = wait_for_health(client, service, wait=wait, timeout=min(timeout, 5.0) if wait else timeout)
+        if code == HEALTH_SERVING:
+            click.echo(json.dumps({"status": what}))
+        else:
+            click.echo(f"{target}: {what}", err=True)
+        sys.exit(code)
 
     pairs = list(zip(texts[::2], texts[1::2], strict=False))
     if task in ("sentiment", "embed") and not texts:
@@ -394,9 +412,6 @@ def client_command(task: str, texts: tuple[str, ...], target: str, token: str | 
         raise click.UsageError(f"qa takes QUESTION CONTEXT, got {len(texts)} texts")
     with BertzooClient(target, token=token, tls=tls, root_certificates=tls_ca, timeout=timeout) as client:
         try:
-            if task == "health":
-                click.echo(json.dumps({"status": client.health()}))
-                return
             calls = {"sentiment": lambda: client.sentiment(texts), "embed": lambda: client.embed(texts),
                      "paraphrase": lambda: client.paraphrase(pairs), "similarity": lambda: client.similarity(pairs),
                      "qa": lambda: client.qa(pairs), "info": client.model_info}

@@ -3,9 +3,7 @@ fuzzed requests, the command-line client and load tool, and the generated stubs 
 
 from __future__ import annotations
 
-import datetime
 import importlib.resources
-import ipaddress
 import json
 import os
 import re
@@ -30,7 +28,7 @@ from bertzoo.serving.grpc_server import ServerThread
 from bertzoo.serving.metrics import Metrics
 from bertzoo.serving.model import load_served_model
 from bertzoo.serving.proto import pb2
-from conftest import free_port, serve_config
+from conftest import free_port, self_signed, serve_config
 
 MAX_ITEMS = 8
 
@@ -44,31 +42,6 @@ def server(tiny_artifact):
 
 
 # ---------------------------------------------------------------- TLS and auth
-
-
-def self_signed(directory: Path) -> tuple[Path, Path]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = directory / "server.crt", directory / "server.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_path, key_path
-
 
 def test_tls_with_a_bearer_token_and_open_health_checks(tiny_artifact, tmp_path):
     _, artifact = tiny_artifact
