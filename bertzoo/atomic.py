@@ -13,13 +13,21 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
 def atomic_write_text(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` in one step (a temporary file, fsynced, then renamed over it)."""
+    """Replace ``path`` with ``text`` in one step (a temporary file, fsynced, then renamed over it), with the
+    permissions a plain write would get under the umask (``mkstemp`` makes files owner-only)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
+    os.chmod(tmp, 0o666 & ~_umask())
     os.replace(tmp, path)
 
 
@@ -29,21 +37,25 @@ def atomic_directory(final: Path, shareable: bool = False) -> Iterator[Path]:
     fsynced and it is renamed to ``final``, replacing an existing ``final`` whole (moved aside first, then removed);
     when the block raises, it is removed and ``final`` is untouched.
 
-    ``shareable``: give the directory and its files the permissions the umask allows, as a plain ``mkdir`` would
-    (``mkdtemp`` makes them owner-only), for output other users are meant to read.
+    ``shareable``: give the directory, its subdirectories and files the permissions the umask allows, as a plain
+    ``mkdir`` would (``mkdtemp`` makes them owner-only), for output other users are meant to read: a server or
+    Triton running as another user reads checkpoints and artifacts.
     """
     final.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
     try:
         yield work
-        umask = os.umask(0)
-        os.umask(umask)
-        for f in work.iterdir():
-            if f.is_file():
+        umask = _umask()
+        for root, dirs, files in os.walk(work):
+            for name in files:
+                f = Path(root) / name
                 with open(f, "rb") as handle:
                     os.fsync(handle.fileno())
                 if shareable:
                     f.chmod(0o666 & ~umask)
+            if shareable:
+                for name in dirs:
+                    (Path(root) / name).chmod(0o777 & ~umask)
         if shareable:
             work.chmod(0o777 & ~umask)
         if final.exists():

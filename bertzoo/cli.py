@@ -165,6 +165,21 @@ def train(preset: str | None, settings: tuple[str, ...], tasks: str | None, enco
     _, metrics = run_training(config, resume=resume)
     if metrics:
         click.echo(format_metrics(metrics))
+    _print_next_steps(config.out_dir)
+
+
+def _print_next_steps(run: str) -> None:
+    """Where the run is, which checkpoint its users get, and the commands that use it."""
+    from bertzoo.trainer.checkpoint import resolve_checkpoint_pointer
+
+    try:
+        checkpoint, pointer = resolve_checkpoint_pointer(run)
+    except FileNotFoundError:
+        return  # nothing was saved (e.g. interrupted before the first checkpoint)
+    artifact = f"artifacts/{Path(run).name}"
+    click.echo(f"\nrun directory: {run}\ncheckpoint for predict, eval and export: {checkpoint} ({pointer or 'given'})"
+               f"\nnext:\n  bertzoo predict {run} --task sentiment \"a gorgeous, witty film\"\n"
+               f"  bertzoo export {run} --out {artifact} --int8\n  bertzoo serve {artifact}")
 
 
 def _load(checkpoint: str):
@@ -218,9 +233,10 @@ def predict(checkpoint: str, task: str, texts: tuple[str, ...]) -> None:
     """Answer from CHECKPOINT. sentiment: TEXT...; paraphrase/similarity: TEXT_A TEXT_B; qa: QUESTION CONTEXT."""
     from bertzoo import tasks as T
     from bertzoo.data import PairExample, QAExample, SentenceExample
+    from bertzoo.trainer.checkpoint import resolve_checkpoint_pointer
     from bertzoo.trainer.evaluate import predict_outputs
 
-    model, tokenizer, config, _ = _load(checkpoint)
+    model, tokenizer, config, directory = _load(checkpoint)
     if task == "sentiment":
         examples = [SentenceExample(str(i), t, None) for i, t in enumerate(texts)]
     elif len(texts) != 2:
@@ -229,6 +245,8 @@ def predict(checkpoint: str, task: str, texts: tuple[str, ...]) -> None:
         examples = [QAExample("0", texts[0], texts[1], (), (), False)]
     else:
         examples = [PairExample("0", texts[0], texts[1], None)]
+    _, pointer = resolve_checkpoint_pointer(checkpoint)
+    click.echo(f"using {directory}" + (f" (the run's {pointer} checkpoint)" if pointer else ""), err=True)
     outputs = predict_outputs(model, task, examples, tokenizer, config.limits)
     if task == "sentiment":
         spec = T.task_spec("sentiment", config.sentiment_dataset)

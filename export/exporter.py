@@ -82,8 +82,10 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, options: ExportOp
     tokenizer = Tokenizer.from_file(source / TOKENIZER)
     limits = train_config.limits
     buckets = tuple(b for b in options.seq_buckets if b < limits.qa_max_length) + (limits.qa_max_length,)
-    with atomic_directory(out) as work:
+    with atomic_directory(out, shareable=True) as work:
         manifest = _export_into(work, out, model, train_config, tokenizer, source, buckets, options)
+    # A report of an earlier failed attempt no longer describes OUT.
+    out.with_name(f"{out.name}.parity-failed.json").unlink(missing_ok=True)
     log.info("artifact written to %s", out)
     return manifest
 

@@ -37,12 +37,19 @@ def test_shareable_output_gets_umask_permissions(tmp_path) -> None:
     try:
         with atomic_directory(tmp_path / "shared", shareable=True) as work:
             (work / "f").write_text("x")
+            (work / "sub").mkdir(mode=0o700)
+            (work / "sub" / "g").write_text("y")
+            (work / "sub" / "g").chmod(0o600)
+        atomic_write_text(tmp_path / "pointer", "checkpoint-000001")
         with atomic_directory(tmp_path / "private") as work:
             (work / "f").write_text("x")
     finally:
         os.umask(umask)
     assert stat.S_IMODE((tmp_path / "shared").stat().st_mode) == 0o755
     assert stat.S_IMODE((tmp_path / "shared" / "f").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "shared" / "sub").stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "shared" / "sub" / "g").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "pointer").stat().st_mode) == 0o644
     assert stat.S_IMODE((tmp_path / "private").stat().st_mode) == 0o700  # mkdtemp's owner-only default
 
 

@@ -174,6 +174,23 @@ def test_a_missed_parity_gate_fails_the_export_and_leaves_nothing(exported, monk
     assert report["fp32"]["passed"] is False
     assert [p.name for p in tmp_path.iterdir()] == ["art.parity-failed.json"]  # no half-written directory left
 
+    monkeypatch.undo()  # the real bounds: the export passes, and the stale report of the failed attempt goes
+    export_checkpoint(run, out, ExportOptions(parity_limit=8))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
+
+
+def test_the_class_agreement_gate_fails_only_on_evidence_of_a_lower_rate():
+    from bertzoo.export.parity import wilson_interval
+
+    # The bundled samples' int8 case: 75 of 80 is 93.75%, and consistent with a 95% rate.
+    low, high = wilson_interval(75, 80)
+    assert low < 0.9375 < high and high > 0.95
+    # 180 of 200 (90%) shows a rate under 95%: the upper end is below it.
+    assert wilson_interval(180, 200)[1] < 0.95
+    # Many items: the interval closes around the observed rate, so a real dev set is held to the bound.
+    low, high = wilson_interval(9_400, 10_000)
+    assert 0.935 < low and high < 0.945
+
 
 def test_cli_export_writes_an_artifact(exported, tmp_path):
     from click.testing import CliRunner

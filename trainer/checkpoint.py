@@ -75,7 +75,7 @@ def save_checkpoint(
         tensors.update(opt_tensors)
         meta["optimizer"] = opt_meta
     # Re-saving the same step (e.g. after a resume) replaces that checkpoint whole.
-    with atomic_directory(final) as tmp:
+    with atomic_directory(final, shareable=True) as tmp:
         (tmp / CONFIG).write_text(json.dumps(config, indent=2), encoding="utf-8")
         save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(tmp / WEIGHTS))
         (tmp / TOKENIZER).write_text(tokenizer_json, encoding="utf-8")
@@ -101,14 +101,19 @@ def _prune(out_dir: Path, keep: int) -> None:
 
 def resolve_checkpoint(path: str | Path, prefer: str = "BEST") -> Path:
     """A checkpoint directory, or a run directory (then its BEST, else LATEST, checkpoint)."""
+    return resolve_checkpoint_pointer(path, prefer)[0]
+
+
+def resolve_checkpoint_pointer(path: str | Path, prefer: str = "BEST") -> tuple[Path, str | None]:
+    """:func:`resolve_checkpoint`, and which pointer file chose it ("BEST", "LATEST"; None for a checkpoint dir)."""
     path = Path(path)
     if (path / WEIGHTS).is_file() and (path / CONFIG).is_file():
-        return path
+        return path, None
     for pointer in (prefer, "LATEST"):
         if (path / pointer).is_file():
             target = path / (path / pointer).read_text().strip()
             if (target / WEIGHTS).is_file():
-                return target
+                return target, pointer
     raise FileNotFoundError(f"{path} is neither a checkpoint directory (with {WEIGHTS} and {CONFIG}) nor a run "
                             "directory with a LATEST or BEST checkpoint")
 
