@@ -72,7 +72,11 @@ class _Commands(click.Group):
                                        f"pip install 'bertzoo[{EXTRA_FOR_MODULE[top]}]'{hint}") from e
 
 
-@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+# auto_envvar_prefix: every option of every command can also come from BERTZOO_<COMMAND>_<OPTION> (e.g.
+# BERTZOO_TRAIN_MAX_STEPS); `serve` options keep their shorter BERTZOO_<OPTION> names, shown in --help.
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"], "show_default": True,
+                                              "auto_envvar_prefix": "BERTZOO"})
+@click.version_option(package_name="bertzoo", prog_name="bertzoo")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def main(verbose: bool) -> None:
     """bertzoo: train, evaluate, export and serve small multitask BERT encoders."""
