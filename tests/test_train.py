@@ -63,7 +63,8 @@ def test_cli_train_eval_predict_all_tasks(tmp_path):
     def predict(task, *texts):
         r = runner.invoke(main, ["predict", str(out), "--task", task, *texts])
         assert r.exit_code == 0, r.output
-        return json.loads(r.output)
+        assert "the run's BEST checkpoint" in r.stderr  # which checkpoint answered goes to stderr, JSON to stdout
+        return json.loads(r.stdout)
 
     sentiment = predict("sentiment", "a gorgeous, witty film", "dull and lifeless")
     assert len(sentiment) == 2 and abs(sum(sentiment[0]["probabilities"]) - 1) < 1e-6
