@@ -267,7 +267,7 @@ def ort_placement(artifact: Path) -> dict:
     return placement
 
 
-def served(run: str, sentences: list[str], work: Path, threads: int) -> dict:
+def served(run: str, sentences: list[str], work: Path) -> dict:
     """`bertzoo serve` (torch, fp16, CUDA graphs) in a process of its own; the load generator in another."""
     from bertzoo.serving.client import BertzooClient
     from bertzoo.tasks import Limits
@@ -367,7 +367,7 @@ def main() -> None:
         backend_rows(label, source, backends, splits, tokenizer, config.limits)
     if "serve" not in skip:
         sentences = load_items("sentiment", str(Path(args.data) / "ids-sst-dev.csv"))
-        check("bertzoo serve, torch fp16 + CUDA graphs")(lambda: served(str(directory), sentences, work, 0))()
+        check("bertzoo serve, torch fp16 + CUDA graphs")(lambda: served(str(directory), sentences, work))()
 
     print("\n| check | ok | parity | b1/s32 ms | b8/s128 ms | b32/s64 ms | b1/s128 ms |")
     print("|---|---|---|---|---|---|---|")
