@@ -293,7 +293,7 @@ def export_command(checkpoint: str, out_dir: str, **options) -> None:
 
 
 
-# ---------------------------------------------------------------- serving (issue 4)
+# ---------------------------------------------------------------- serving
 
 SERVE_TASKS = ("sentiment", "paraphrase", "similarity", "qa", "embed")
 

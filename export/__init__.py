@@ -1,1 +1,2 @@
-"""Export (issue 3, not built yet): ONNX with the SparsegenLin op, ONNX Runtime optimization, TensorRT."""
+"""Export: torch -> ONNX with the SparsegenLin op of our own domain, ONNX Runtime optimization and int8 quantization,
+parity gates, a Triton model repository and TensorRT engines (``bertzoo export``; see exporter.py)."""
