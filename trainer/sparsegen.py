@@ -94,25 +94,17 @@ def _sparsegen_lin_eager(scores: Tensor, mask: Tensor | None, lam: float, impl: 
 @_sparsegen_lin_op.register_kernel("cuda")
 def _(scores: Tensor, mask: Tensor | None, lam: float, impl: str) -> Tensor:
     # On a GPU the bisect threshold runs as one Triton program per row (export/sparsegen_triton.py, the same steps as
-    # _threshold_bisect) instead of ~60 eager kernels over the whole score tensor. float64 (gradcheck) and rows
-    # longer than the kernel's register block stay on the eager code; so does `sort`, the textbook oracle.
-    if impl == "bisect" and scores.dtype != torch.float64 and 0 < scores.shape[-1] <= _TRITON_MAX_KEYS:
-        kernel = _triton_kernel()
-        if kernel is not None:
-            return kernel(scores, mask, lam)
+    # _threshold_bisect) instead of ~60 eager kernels over the whole score tensor. float64 (gradcheck), rows longer
+    # than the kernel's register block and machines without triton stay on the eager code; so does `sort`, the
+    # textbook oracle.
+    if impl == "bisect" and scores.dtype != torch.float64:
+        try:
+            from bertzoo.export import sparsegen_triton
+        except ImportError:
+            sparsegen_triton = None
+        if sparsegen_triton is not None and 0 < scores.shape[-1] <= sparsegen_triton.MAX_KEYS:
+            return sparsegen_triton.sparsegen_lin_triton(scores, mask, lam)
     return _sparsegen_lin_eager(scores, mask, lam, impl)
-
-
-_TRITON_MAX_KEYS = 512  # export/sparsegen_triton.MAX_KEYS
-
-
-def _triton_kernel():
-    """The Triton sparsegen-lin kernel, or None where triton is not installed."""
-    try:
-        from bertzoo.export.sparsegen_triton import sparsegen_lin_triton
-    except ImportError:
-        return None
-    return sparsegen_lin_triton
 
 
 @_sparsegen_lin_op.register_fake
