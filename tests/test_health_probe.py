@@ -131,3 +131,19 @@ def test_wait_gives_up_with_the_last_reason(wait):
     started = time.monotonic()
     code, _, err = health(free_port(), "--wait", wait)
     assert code == 2 and 0.5 <= time.monotonic() - started < 5
+
+
+def test_a_server_without_the_health_service_is_an_rpc_failure():
+    """A gRPC server that answers, but not the health protocol (UNIMPLEMENTED): exit code 3, not 'cannot connect'."""
+    from concurrent import futures
+
+    import grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        code, _, err = health(port)
+    finally:
+        server.stop(0)
+    assert code == 3 and "UNIMPLEMENTED" in err
