@@ -189,8 +189,6 @@ def main() -> None:
     rows = {}
     for variant in ("fp32", "int8"):
         rows[f"in-process ceiling, {variant}"] = in_process_ceiling(args.artifact, variant, sentences, args.threads)
-    # The console script, not `python -m bertzoo.cli`: run from a checkout, -m would import the source folder bertzoo/
-    # instead of the installed package.
     bertzoo = [str(Path(sys.executable).with_name("bertzoo")), "serve", args.artifact, "--metrics-port", "0",
                "--threads", str(args.threads)]
     servers = {f"bertzoo serve, {v}": [*bertzoo, "--variant", v] for v in ("fp32", "int8")}

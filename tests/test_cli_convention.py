@@ -1,14 +1,17 @@
 """One command-line convention: every option has an environment variable, `--version`, and `python -m bertzoo`
-runs every sub-command."""
+runs every sub-command, from any folder (the repository root included)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from click.testing import CliRunner
 
 from bertzoo.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_version():
@@ -22,9 +25,17 @@ def test_every_option_reads_its_environment_variable():
     assert result.exit_code == 2 and "'--max-steps': 'many' is not a valid integer" in result.output
 
 
-def test_python_dash_m_runs_every_sub_command(tmp_path):
-    # From another folder: in the checkout, its bertzoo/ folder (the core alone) would shadow the installed package.
+def test_python_dash_m_runs_every_sub_command():
+    # From the repository root, where `python -m` puts the cwd first on sys.path: no folder there is named bertzoo.
     result = subprocess.run([sys.executable, "-m", "bertzoo", "zoo", "list"], capture_output=True, text=True,
-                            cwd=tmp_path, timeout=120)
+                            cwd=REPO, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "baseline" in result.stdout and "ssaf" in result.stdout
+
+
+def test_the_repository_root_imports_the_installed_package():
+    # The core's source folder is core/, so nothing in the checkout's root shadows the installed bertzoo (whose
+    # bertzoo.serving carries the gRPC stubs generated at install time).
+    code = "import bertzoo.serving.proto, bertzoo.trainer.model, bertzoo.export.parity"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stderr

@@ -19,7 +19,7 @@ from bertzoo.data import (
 )
 from bertzoo.datafiles import SENTIMENT_DATASETS, TASKS, find_files, load_split, patterns
 
-SAMPLES = Path(__file__).resolve().parents[1] / "bertzoo" / "samples"
+SAMPLES = Path(__file__).resolve().parents[1] / "core" / "samples"
 V11_SAMPLE = Path(__file__).resolve().parent / "data" / "squad-v1.1-sample.json"
 SHARED = Path("/work/shared/data")
 

@@ -25,7 +25,6 @@ sys.meta_path.insert(0, _Hidden())
 
 
 def run_without_torch(code: str, cwd) -> subprocess.CompletedProcess:
-    # cwd: away from the checkout, whose bertzoo/ folder would shadow the installed package.
     return subprocess.run([sys.executable, "-c", HIDE + textwrap.dedent(code)], capture_output=True, text=True,
                           cwd=cwd, timeout=300)
 

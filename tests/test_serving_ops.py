@@ -107,8 +107,6 @@ def test_sigterm_finishes_every_accepted_request_then_exits(tiny_artifact):
     command = [sys.executable, "-m", "bertzoo.cli", "serve", str(artifact), "--host", "127.0.0.1", "--port", str(port),
                "--metrics-port", "0", "--threads", "1", "--no-ort-spinning", "--max-queue-delay-ms", "1500"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    # cwd away from the repository root: `python -m` puts the cwd first on sys.path, and the source folder bertzoo/
-    # would shadow the installed package.
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                cwd=artifact.parent)
     try:

@@ -87,8 +87,6 @@ def _run_kernel_check(device: str) -> subprocess.CompletedProcess:
         env["TRITON_INTERPRET"] = "1"
     else:
         env.pop("TRITON_INTERPRET", None)
-    # Not the repository root as cwd: `python -c` puts the cwd first on sys.path, where the source folder bertzoo/
-    # would shadow the installed package (which maps export/ to bertzoo.export).
     return subprocess.run([sys.executable, "-c", KERNEL_CHECK, device], cwd=tempfile.gettempdir(), env=env,
                           capture_output=True, text=True, timeout=600)
 

@@ -42,7 +42,7 @@ class TrainConfig:
     qa_max_length: int = 384
     qa_doc_stride: int = 128
     # SQuAD 2.0-style training data (any unanswerable question in it) is topped up with synthetic unanswerable
-    # questions to this share (bertzoo/unanswerable.py). 1/2 is the share in the official v2.0 dev and test sets
+    # questions to this share (core/unanswerable.py). 1/2 is the share in the official v2.0 dev and test sets
     # (train has 1/3): a model trained on fewer abstains too rarely. 0 turns it off.
     qa_unanswerable_fraction: float = 0.5
     qa_null_threshold: float = 0.0  # answer "no answer" when null score - best span score exceeds this

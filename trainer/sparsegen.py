@@ -79,7 +79,7 @@ def _threshold_bisect(z: Tensor, valid: Tensor) -> Tensor:
 
 # A registered custom op rather than an autograd.Function: eager training runs the same code, and torch.export sees
 # one opaque ``bertzoo::sparsegen_lin`` node, which the ONNX export maps to a single ``SparsegenLin`` node of our own
-# domain (bertzoo/export) instead of tracing the sort or the bisection loop into primitive ops.
+# domain (bertzoo.export) instead of tracing the sort or the bisection loop into primitive ops.
 @torch.library.custom_op("bertzoo::sparsegen_lin", mutates_args=())
 def _sparsegen_lin_op(scores: Tensor, mask: Tensor | None, lam: float, impl: str) -> Tensor:
     return _sparsegen_lin_eager(scores, mask, lam, impl)

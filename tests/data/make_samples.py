@@ -1,4 +1,4 @@
-"""Rebuild ``bertzoo/samples/`` (and ``tests/data/squad-v1.1-sample.json``) from the shared data folder.
+"""Rebuild ``core/samples/`` (and ``tests/data/squad-v1.1-sample.json``) from the shared data folder.
 
 Deterministic: rerunning it on the same shared files gives byte-identical output. CSV/TSV samples keep the original
 header line and copy the chosen data lines byte for byte, in their original file order. SQuAD samples keep whole
@@ -116,7 +116,7 @@ def squad_sample(src: Path, dst: Path, target: int, cap: int, min_impossible: in
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shared", type=Path, default=Path("/work/shared/data"), help="the shared data folder")
-    ap.add_argument("--out", type=Path, default=REPO / "bertzoo" / "samples")
+    ap.add_argument("--out", type=Path, default=REPO / "core" / "samples")
     ap.add_argument("--tests-out", type=Path, default=REPO / "tests" / "data")
     args = ap.parse_args()
     s, o = args.shared, args.out

@@ -12,7 +12,7 @@ from .zoo import PresetError, load_preset, preset_names
 
 @main.group()
 def zoo() -> None:
-    """The attention-variant zoo's presets (bertzoo/presets/*.toml)."""
+    """The attention-variant zoo's presets (core/presets/*.toml)."""
 
 
 @zoo.command("list")

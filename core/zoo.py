@@ -1,4 +1,4 @@
-"""The zoo's preset registry: one small TOML file per system (bertzoo/presets/), validated when loaded.
+"""The zoo's preset registry: one small TOML file per system (core/presets/), validated when loaded.
 
 A preset is::
 

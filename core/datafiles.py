@@ -1,7 +1,7 @@
 """Where each task's files live under a data directory.
 
 ``bertzoo train --data DIR`` works on any directory laid out like the shared data folder or like the bundled
-``bertzoo/samples`` (which copies that layout on purpose). For every (task, split) there is a list of glob patterns,
+``core/samples`` (which copies that layout on purpose). For every (task, split) there is a list of glob patterns,
 relative to DIR; the **first pattern that matches at least one file wins** and all of its matches (sorted) are loaded.
 
 =============  =====  ============================================================================================
