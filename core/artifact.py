@@ -12,12 +12,13 @@ import json
 from pathlib import Path
 
 from .atomic import atomic_write_text
+from .errors import UserError
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 
 
-class ArtifactError(ValueError):
+class ArtifactError(UserError, ValueError):
     """An artifact directory cannot be used. The message names the directory or file and what is wrong."""
 
 
@@ -48,8 +49,16 @@ def load_manifest(directory: str | Path, verify: bool = True) -> dict:
     """The manifest of an artifact directory, after checking that every listed file exists and matches its hash."""
     directory = Path(directory)
     path = directory / MANIFEST
+    if not directory.is_dir():
+        raise ArtifactError(f"{directory}: no such directory; pass the --out directory of `bertzoo export`")
     if not path.is_file():
-        raise ArtifactError(f"{directory}: no {MANIFEST}; is this a `bertzoo export` output directory?")
+        # The names of a training run (LATEST, BEST) and of a checkpoint (model.safetensors) tell a user who passed
+        # one what to do instead.
+        if any((directory / name).is_file() for name in ("LATEST", "BEST", "model.safetensors")):
+            raise ArtifactError(f"{directory}: a training run or checkpoint, not an export artifact (no {MANIFEST}): "
+                                f"serve it with --backend torch, or run `bertzoo export {directory} --out DIR` and "
+                                "serve DIR")
+        raise ArtifactError(f"{directory}: no {MANIFEST}; pass the --out directory of `bertzoo export`")
     try:
         manifest = json.loads(path.read_text())
     except json.JSONDecodeError as e:

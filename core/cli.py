@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from .errors import UserError
 from .tasks import TASK_NAMES
 
 
@@ -59,9 +60,13 @@ TORCH_CPU_HINT = " (on a machine without a GPU, install torch first from https:/
 
 
 class _Commands(click.Group):
+    """Every sub-command's user mistakes (bertzoo.errors.UserError) and missing extras end in one line, exit code 1."""
+
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
+        except UserError as e:
+            raise click.ClickException(str(e)) from e
         except ModuleNotFoundError as e:
             top = (e.name or "").split(".")[0]
             if top not in EXTRA_FOR_MODULE:
@@ -89,7 +94,7 @@ def main(verbose: bool) -> None:
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
               help="Any training config field (bertzoo zoo show baseline lists them), JSON value, e.g. "
                    "--set ssa_rounds=2 --set ag_patterns='[\"next\",\"first\"]'.")
-@click.option("--data", "data_dir", type=click.Path(file_okay=False), default=None,
+@click.option("--data", "data_dir", type=click.Path(exists=True, file_okay=False), default=None,
               help="Data directory in the standard layout (see README). Default: the small bundled samples.")
 @click.option("--out", "out_dir", default="runs/default", help="Run directory: checkpoints, logs, metrics.")
 @click.option("--tasks", default=None, help=f"Comma-separated tasks to train [default: {','.join(TASK_NAMES)}].")
@@ -149,23 +154,24 @@ def train(preset: str | None, settings: tuple[str, ...], tasks: str | None, enco
     given["eval_every_epoch"] = not no_eval
     given["progress"] = not no_progress
     saved = Path(given["out_dir"]) / "train_config.json"
-    if resume and saved.is_file():
-        # The saved config wins; only options given explicitly on this command line change it.
-        ctx = click.get_current_context()
-        param_of = {"eval_every_epoch": "no_eval", "progress": "no_progress"}
-        explicit = {k: v for k, v in given.items()
-                    if ctx.get_parameter_source(param_of.get(k, k)) == click.core.ParameterSource.COMMANDLINE}
-        config = TrainConfig.from_dict({**json.loads(saved.read_text()), **explicit})
-    elif preset:
-        try:
+    try:
+        if resume and saved.is_file():
+            # The saved config wins; only options given explicitly on this command line change it.
+            ctx = click.get_current_context()
+            param_of = {"eval_every_epoch": "no_eval", "progress": "no_progress"}
+            explicit = {k: v for k, v in given.items()
+                        if ctx.get_parameter_source(param_of.get(k, k)) == click.core.ParameterSource.COMMANDLINE}
+            config = TrainConfig.from_dict({**json.loads(saved.read_text()), **explicit})
+        elif preset:
             config = load_preset(preset).config(**given)
-        except PresetError as e:
-            raise click.BadParameter(str(e), param_hint="--preset") from e
-    else:
-        try:
+        else:
             config = TrainConfig(**given)
-        except (TypeError, ValueError) as e:
-            raise click.UsageError(str(e)) from e
+    except PresetError as e:
+        raise click.BadParameter(str(e), param_hint="--preset") from e
+    except json.JSONDecodeError as e:
+        raise click.ClickException(f"{saved}: not valid JSON ({e}); start a new run without --resume") from e
+    except (TypeError, ValueError) as e:
+        raise click.UsageError(str(e)) from e
     _, metrics = run_training(config, resume=resume)
     if metrics:
         click.echo(format_metrics(metrics))
@@ -204,7 +210,7 @@ def _load(checkpoint: str):
 
 @main.command("eval")
 @click.argument("checkpoint", type=click.Path(exists=True))
-@click.option("--data", "data_dir", type=click.Path(file_okay=False), default=None,
+@click.option("--data", "data_dir", type=click.Path(exists=True, file_okay=False), default=None,
               help="Data directory (default: the bundled samples).")
 @click.option("--split", default="dev")
 @click.option("--tasks", default=None, help="Comma-separated subset of the model's tasks.")
@@ -272,7 +278,7 @@ def predict(checkpoint: str, task: str, texts: tuple[str, ...]) -> None:
 @click.option("--per-channel/--per-tensor", default=True, help="int8 weight scales per output channel or per tensor.")
 @click.option("--trt", is_flag=True, help="Add a TensorRT fp16 engine (needs tensorrt and an NVIDIA GPU).")
 @click.option("--triton", is_flag=True, help="Add a Triton Inference Server model repository (triton/).")
-@click.option("--data", "data_dir", type=click.Path(file_okay=False), default=None,
+@click.option("--data", "data_dir", type=click.Path(exists=True, file_okay=False), default=None,
               help="Dev data for the task-level parity gates (default: the bundled samples).")
 @click.option("--parity-limit", type=int, default=200, help="Dev examples per task for the parity gates.")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
@@ -363,7 +369,7 @@ def serve(auth_token_file: str | None, max_batch_size: int, max_batch_tokens: in
     import asyncio
 
     from bertzoo.artifact import ArtifactError
-    from bertzoo.serving.backends import BackendUnavailable, check_available
+    from bertzoo.serving.backends import BackendUnavailable, check_available, check_model_dir
     from bertzoo.serving.config import BatchSettings, ServeConfig
     from bertzoo.serving.grpc_server import serve as run_server
 
@@ -377,7 +383,9 @@ def serve(auth_token_file: str | None, max_batch_size: int, max_batch_tokens: in
     except ValueError as e:
         raise click.UsageError(str(e)) from e
     try:
-        check_available(config.backend, config.device)  # before the port is bound: one line, what to install
+        # Before the port is bound: one line naming what to install, or what MODEL_DIR should be.
+        check_available(config.backend, config.device)
+        check_model_dir(config.backend, config.model_dir)
         asyncio.run(run_server(config))
     except (ArtifactError, BackendUnavailable, FileNotFoundError, OSError) as e:
         raise click.ClickException(str(e)) from e

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .errors import UserError
+
 __all__ = [
     "DataError",
     "PairExample",
@@ -73,7 +75,7 @@ class QAExample:
     title: str = ""
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A data file cannot be used at all. The message always names the file (and the line or field if relevant)."""
 
 

@@ -17,6 +17,8 @@ import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from .errors import UserError
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
@@ -26,7 +28,7 @@ PRESETS_DIR = Path(__file__).parent / "presets"
 TOP_LEVEL_KEYS = ("description", "paper", "train")
 
 
-class PresetError(ValueError):
+class PresetError(UserError, ValueError):
     """A preset that does not exist or does not validate; the message names the file and the key."""
 
 
@@ -49,6 +51,8 @@ class Preset:
         try:
             return TrainConfig(**values)
         except (TypeError, ValueError) as e:
+            if overrides:  # the preset alone was validated when it was loaded: an override is wrong
+                raise
             raise PresetError(f"{self.path}: {e}") from e
 
 

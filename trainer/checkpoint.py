@@ -24,15 +24,25 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 import bertzoo
 from bertzoo.atomic import atomic_directory, atomic_write_text
+from bertzoo.errors import UserError
 
 from .heads import ModelConfig, MultitaskModel
 
 CONFIG, WEIGHTS, TOKENIZER, METRICS = "config.json", "model.safetensors", "tokenizer.json", "metrics.json"
 STATE_TENSORS, STATE_JSON = "trainer_state.safetensors", "trainer_state.json"
+
+
+class CheckpointError(UserError):
+    """A checkpoint cannot be loaded; the message names the file."""
+
+
+class NotACheckpoint(CheckpointError, FileNotFoundError):
+    """The path is neither a checkpoint directory nor a run directory that points to one."""
 
 
 def _optimizer_to_files(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
@@ -114,16 +124,28 @@ def resolve_checkpoint_pointer(path: str | Path, prefer: str = "BEST") -> tuple[
             target = path / (path / pointer).read_text().strip()
             if (target / WEIGHTS).is_file():
                 return target, pointer
-    raise FileNotFoundError(f"{path} is neither a checkpoint directory (with {WEIGHTS} and {CONFIG}) nor a run "
-                            "directory with a LATEST or BEST checkpoint")
+    raise NotACheckpoint(f"{path}: neither a checkpoint directory (with {WEIGHTS} and {CONFIG}) nor a run directory "
+                         "with a LATEST or BEST checkpoint; pass the --out directory of `bertzoo train` or one of its "
+                         "checkpoint-* folders")
 
 
 def load_model(path: str | Path) -> tuple[MultitaskModel, dict, Path]:
     """The model of a checkpoint (or a run's best checkpoint), in eval mode, with its saved config."""
     directory = resolve_checkpoint(path)
-    config = json.loads((directory / CONFIG).read_text(encoding="utf-8"))
-    model = MultitaskModel(ModelConfig.from_dict(config["model"]))
-    model.load_state_dict(load_file(str(directory / WEIGHTS)), strict=True)
+    try:
+        config = json.loads((directory / CONFIG).read_text(encoding="utf-8"))
+        model = MultitaskModel(ModelConfig.from_dict(config["model"]))
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{directory / CONFIG}: not a bertzoo checkpoint config ({e})") from e
+    try:
+        state = load_file(str(directory / WEIGHTS))
+    except SafetensorError as e:
+        raise CheckpointError(f"{directory / WEIGHTS}: unreadable, truncated or corrupt ({e}); copy it again, or use "
+                              "another checkpoint of the run") from e
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise CheckpointError(f"{directory / WEIGHTS}: does not match {directory / CONFIG} ({e})") from e
     model.eval()
     return model, config, directory
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import types
+import typing
 from dataclasses import asdict, dataclass, field, fields
 
 from bertzoo.tasks import TASK_NAMES, Limits
@@ -87,6 +89,7 @@ class TrainConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         self.tasks = tuple(self.tasks)
         self.ag_patterns = tuple(self.ag_patterns)
         unknown = [t for t in self.tasks if t not in TASK_NAMES]
@@ -120,6 +123,13 @@ class TrainConfig:
             raise ValueError(f"dtp_every and dtp_eval_limit must be >= 1, got {self.dtp_every}, {self.dtp_eval_limit}")
         if self.qa_doc_stride >= self.qa_max_length:
             raise ValueError(f"qa_doc_stride {self.qa_doc_stride} must be below qa_max_length {self.qa_max_length}")
+        from .model import EncoderConfig  # torch; imported here so reading a config needs none
+
+        # Unknown keys and bad values (attention=foo) fail now rather than after the run directory is written.
+        try:
+            EncoderConfig.from_dict({}, **self.encoder_overrides)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"encoder_overrides (--encoder): {e}") from e
 
     @property
     def limits(self) -> Limits:
@@ -138,3 +148,27 @@ class TrainConfig:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string", tuple: "a list",
+               dict: "a JSON object"}
+
+
+def check_field_types(config) -> None:
+    """Refuse a field whose value has the wrong type (``--set lr=abc``, a preset's ``epochs = "3"``), naming it.
+
+    Values come from JSON and TOML, so an int is accepted where a float is expected (and stored as a float) and a
+    list where a tuple is.
+    """
+    for name, hint in typing.get_type_hints(type(config)).items():
+        value = getattr(config, name)
+        allowed = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+        if value is None and type(None) in allowed:
+            continue
+        expected = next(typing.get_origin(t) or t for t in allowed if t is not type(None))
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            setattr(config, name, float(value))
+        elif expected is tuple and isinstance(value, list):
+            setattr(config, name, tuple(value))
+        elif not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            raise ValueError(f"{name} must be {_TYPE_NAMES.get(expected, expected.__name__)}, got {value!r}")

@@ -14,8 +14,11 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor, nn
+
+from bertzoo.backbone import BackboneError
 
 from .sparsegen import ATTENTION_FUNCTIONS, SPARSEGEN_IMPLS, attention_probs
 
@@ -220,16 +223,19 @@ class Encoder(nn.Module):
 
     def load_pretrained(self, weights_path: str | Path) -> None:
         """Load HuggingFace BERT weights from safetensors (never pickle); the pooler and buffers are not used."""
-        state = load_file(str(weights_path))
+        try:
+            state = load_file(str(weights_path))
+        except SafetensorError as e:
+            raise BackboneError(f"{weights_path}: unreadable, truncated or corrupt ({e}); copy the backbone again") from e
         # Checkpoints saved from BertFor* models prefix every key with "bert."
         state = {k.removeprefix("bert."): v for k, v in state.items()}
         own = self.state_dict()
         missing = [k for k in own if k not in state]
         if missing:
-            raise ValueError(f"{weights_path}: missing encoder weights {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+            raise BackboneError(f"{weights_path}: missing encoder weights {missing[:5]}{' ...' if len(missing) > 5 else ''}")
         for name, tensor in own.items():
             if state[name].shape != tensor.shape:
-                raise ValueError(
+                raise BackboneError(
                     f"{weights_path}: {name} has shape {tuple(state[name].shape)}, the config expects {tuple(tensor.shape)}"
                 )
         self.load_state_dict({k: state[k] for k in own}, strict=True)

@@ -26,7 +26,8 @@ from tqdm import tqdm
 
 from bertzoo.atomic import atomic_write_text
 from bertzoo.backbone import resolve_backbone
-from bertzoo.datafiles import load_split, samples_dir
+from bertzoo.data import DataError
+from bertzoo.datafiles import find_files, load_split, samples_dir
 from bertzoo.tasks import task_spec
 from bertzoo.tokenization import Tokenizer
 from bertzoo.unanswerable import synthesize_unanswerable
@@ -88,6 +89,21 @@ def build_model(config: TrainConfig) -> tuple[MultitaskModel, Tokenizer]:
     if backbone.weights_path is not None:
         model.encoder.load_pretrained(backbone.weights_path)
     return model, Tokenizer.from_file(backbone.tokenizer_path)
+
+
+def check_data_files(config: TrainConfig) -> None:
+    """Fail before anything is written when a task's files are missing; the message says how to leave the task out."""
+    data_dir = Path(config.data_dir) if config.data_dir else samples_dir()
+    splits = ("train", "dev") if config.eval_every_epoch or config.sampling == "dynamic" else ("train",)
+    for task in config.tasks:
+        for split in splits:
+            try:
+                find_files(data_dir, task, split, config.sentiment_dataset)
+            except DataError as e:
+                others = [t for t in config.tasks if t != task]
+                if not data_dir.is_dir() or not others:
+                    raise
+                raise DataError(f"{e}; to train without {task}, pass --tasks {','.join(others)}") from None
 
 
 def load_splits(config: TrainConfig, split: str, limit: int | None) -> dict[str, list]:
@@ -184,6 +200,7 @@ def autocast_context(config: TrainConfig, device: torch.device):
 
 def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, dict]:
     """Train; returns the (unwrapped) model and the last dev metrics."""
+    check_data_files(config)
     env = setup_distributed()
     seed_everything(config.seed)
     out_dir = Path(config.out_dir)
