@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 from concurrent import futures
+from dataclasses import asdict
 from pathlib import Path
 
 import grpc
@@ -159,8 +160,7 @@ def plain_server(checkpoint: str, port: int) -> None:
             examples = [SentenceExample(str(i), t, None) for i, t in enumerate(request.texts)]
             with torch.no_grad():
                 logits = predict_outputs(model, "sentiment", examples, tokenizer, train_config.limits)
-            results = [pb2.SentimentResult(label=r.label_name, label_index=r.label, probabilities=r.probabilities)
-                       for r in T.postprocess_sentiment(logits, spec)]
+            results = [pb2.SentimentResult(**asdict(r)) for r in T.postprocess_sentiment(logits, spec)]
             return pb2.SentimentResponse(results=results)
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))

@@ -68,7 +68,7 @@ def main() -> None:
     predictions = pipeline.predict(TorchBackend(model), "qa", examples, tokenizer, limits, allow_impossible=False)
     print(f"{len(examples)} dev questions predicted in {time.perf_counter() - started:.0f} s")
     by_id = {e.id: p for e, p in zip(examples, predictions, strict=True)}
-    spans = {e.id: p.text for e, p in zip(examples, predictions, strict=True)}
+    spans = {e.id: p.answer for e, p in zip(examples, predictions, strict=True)}
     margins = {e.id: p.null_score - p.score for e, p in zip(examples, predictions, strict=True)}
 
     titles = list(dict.fromkeys(e.title for e in examples))

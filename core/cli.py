@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -238,8 +239,10 @@ def eval_command(checkpoint: str, data_dir: str | None, split: str, tasks: str |
 @main.command()
 @click.argument("checkpoint", type=click.Path(exists=True))
 @click.option("--task", type=click.Choice(TASK_NAMES), required=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="Print {\"results\": [...]} with the field names of the RPC's answer (as `bertzoo client` does).")
 @click.argument("texts", nargs=-1, required=True)
-def predict(checkpoint: str, task: str, texts: tuple[str, ...]) -> None:
+def predict(checkpoint: str, task: str, as_json: bool, texts: tuple[str, ...]) -> None:
     """Answer from CHECKPOINT. sentiment: TEXT...; paraphrase/similarity: TEXT_A TEXT_B; qa: QUESTION CONTEXT."""
     from bertzoo import tasks as T
     from bertzoo.data import PairExample, QAExample, SentenceExample
@@ -259,15 +262,25 @@ def predict(checkpoint: str, task: str, texts: tuple[str, ...]) -> None:
     click.echo(f"using {directory}" + (f" (the run's {pointer} checkpoint)" if pointer else ""), err=True)
     outputs = predict_outputs(model, task, examples, tokenizer, config.limits)
     if task == "sentiment":
-        spec = T.task_spec("sentiment", config.sentiment_dataset)
-        result = [r.__dict__ for r in T.postprocess_sentiment(outputs, spec)]
+        results = T.postprocess_sentiment(outputs, T.task_spec("sentiment", config.sentiment_dataset))
     elif task == "paraphrase":
-        result = {"probability": float(T.postprocess_paraphrase(outputs)[0])}
+        results = T.paraphrase_results(outputs)
     elif task == "similarity":
-        result = {"score": float(T.postprocess_similarity(outputs)[0])}
+        results = T.similarity_results(outputs)
     else:
-        result = outputs[0].__dict__
-    click.echo(json.dumps(result, indent=2))
+        results = outputs
+    if as_json:
+        click.echo(json.dumps({"results": [asdict(r) for r in results]}, indent=2, ensure_ascii=False))
+        return
+    for example, r in zip(examples, results, strict=True):
+        if task == "sentiment":
+            click.echo(f"{r.label} (p={max(r.probabilities):.2f})\t{example.text}")
+        elif task == "paraphrase":
+            click.echo(f"{'paraphrase' if r.is_paraphrase else 'not a paraphrase'} (p={r.probability:.2f})")
+        elif task == "similarity":
+            click.echo(f"similarity {r.score:.2f} / 5")
+        else:
+            click.echo("no answer" if r.no_answer else f"{r.answer!r} (characters {r.start_char}-{r.end_char})")
 
 
 @main.command("export")

@@ -185,19 +185,20 @@ def best_null_threshold(
 
 @dataclass(frozen=True)
 class SpanPrediction:
-    """Best answer span over all windows of one (question, context).
+    """Best answer span over all windows of one (question, context): the QA task's answer, with the field names of the
+    RPC's ``QAResult`` message.
 
-    ``text == context[start_char:end_char]``; a no-answer has ``text == ""`` and ``-1, -1``.
+    ``answer == context[start_char:end_char]``; a no-answer has ``answer == ""`` and ``-1, -1``.
     ``score`` is the best span's ``start_logit + end_logit`` (kept even when no-answer wins, so
     thresholds can be tuned later) and ``null_score`` the [CLS] ``start + end`` score.
     """
 
-    text: str
+    answer: str
     start_char: int
     end_char: int
     score: float
     null_score: float
-    is_impossible: bool
+    no_answer: bool
 
 
 def _top_k(values: np.ndarray, k: int) -> np.ndarray:

@@ -124,16 +124,30 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return np.where(x >= 0, 1 / (1 + np.exp(-np.abs(x))), np.exp(-np.abs(x)) / (1 + np.exp(-np.abs(x))))
 
 
+# Each task's answer, with the field names of the RPC's result message (protos/bertzoo/v1/bertzoo.proto): the server
+# builds its messages from these, `bertzoo predict --json` prints them, and a test holds the two sets of names equal.
+# The QA answer is qa.SpanPrediction.
 @dataclass(frozen=True)
 class SentimentResult:
-    label: int
-    label_name: str
+    label: str
+    label_index: int
     probabilities: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class ParaphraseResult:
+    probability: float
+    is_paraphrase: bool  # probability >= 0.5
+
+
+@dataclass(frozen=True)
+class SimilarityResult:
+    score: float  # 0 to 5
 
 
 def postprocess_sentiment(logits: np.ndarray, spec: TaskSpec) -> list[SentimentResult]:
     probs = softmax(logits)
-    return [SentimentResult(int(p.argmax()), spec.labels[int(p.argmax())], tuple(map(float, p))) for p in probs]
+    return [SentimentResult(spec.labels[int(p.argmax())], int(p.argmax()), tuple(map(float, p))) for p in probs]
 
 
 def postprocess_paraphrase(logits: np.ndarray) -> np.ndarray:
@@ -143,6 +157,14 @@ def postprocess_paraphrase(logits: np.ndarray) -> np.ndarray:
 
 def postprocess_similarity(scores: np.ndarray) -> np.ndarray:
     return np.clip(np.asarray(scores, dtype=np.float64).reshape(-1), 0.0, 5.0)
+
+
+def paraphrase_results(logits: np.ndarray) -> list[ParaphraseResult]:
+    return [ParaphraseResult(float(p), bool(p >= 0.5)) for p in postprocess_paraphrase(logits)]
+
+
+def similarity_results(scores: np.ndarray) -> list[SimilarityResult]:
+    return [SimilarityResult(float(s)) for s in postprocess_similarity(scores)]
 
 
 def postprocess_qa(
@@ -177,10 +199,10 @@ def score_qa(spans: dict[str, SpanPrediction], examples: Sequence[QAExample], nu
     """Official SQuAD EM/F1 (percent) of forced spans (decoded with ``allow_impossible=False``) at the given
     no-answer threshold; for SQuAD 2.0 data also the official best-threshold scores, and the always-no-answer
     baseline on the same questions for context."""
-    metrics = squad_metrics({i: with_null_threshold(s, null_threshold).text for i, s in spans.items()}, examples)
+    metrics = squad_metrics({i: with_null_threshold(s, null_threshold).answer for i, s in spans.items()}, examples)
     if any(e.is_impossible for e in examples):
         metrics["null_threshold"] = null_threshold  # the one used above: the checkpoint's, unless overridden
-        metrics.update(best_null_threshold({i: s.text for i, s in spans.items()},
+        metrics.update(best_null_threshold({i: s.answer for i, s in spans.items()},
                                            {i: s.null_score - s.score for i, s in spans.items()}, examples))
     metrics["no_answer_baseline_f1"] = 100.0 * float(np.mean([e.is_impossible for e in examples])) if examples else 0.0
     return metrics

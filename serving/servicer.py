@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict
 from typing import TypeVar
 
 import grpc
@@ -73,8 +74,7 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
         async def answer(service: TaskService, timeout: float | None) -> pb2.SentimentResponse:
             results, timing = await service.sentiment(list(request.texts), timeout)
             return pb2.SentimentResponse(
-                results=[pb2.SentimentResult(label=r.label_name, label_index=r.label, probabilities=r.probabilities)
-                         for r in results],
+                results=[pb2.SentimentResult(**asdict(r)) for r in results],
                 timing=_timing(timing), labels=service.spec.labels["sentiment"])
 
         return await self._handle("sentiment", context, answer)
@@ -82,18 +82,17 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
     async def Paraphrase(self, request: pb2.ParaphraseRequest, context: grpc.aio.ServicerContext
                          ) -> pb2.ParaphraseResponse:
         async def answer(service: TaskService, timeout: float | None) -> pb2.ParaphraseResponse:
-            probabilities, timing = await service.paraphrase([(p.text_a, p.text_b) for p in request.pairs], timeout)
-            return pb2.ParaphraseResponse(
-                results=[pb2.ParaphraseResult(probability=float(p), is_paraphrase=bool(p >= 0.5)) for p in probabilities],
-                timing=_timing(timing))
+            results, timing = await service.paraphrase([(p.text_a, p.text_b) for p in request.pairs], timeout)
+            return pb2.ParaphraseResponse(results=[pb2.ParaphraseResult(**asdict(r)) for r in results],
+                                          timing=_timing(timing))
 
         return await self._handle("paraphrase", context, answer)
 
     async def Similarity(self, request: pb2.SimilarityRequest, context: grpc.aio.ServicerContext
                          ) -> pb2.SimilarityResponse:
         async def answer(service: TaskService, timeout: float | None) -> pb2.SimilarityResponse:
-            scores, timing = await service.similarity([(p.text_a, p.text_b) for p in request.pairs], timeout)
-            return pb2.SimilarityResponse(results=[pb2.SimilarityResult(score=float(s)) for s in scores],
+            results, timing = await service.similarity([(p.text_a, p.text_b) for p in request.pairs], timeout)
+            return pb2.SimilarityResponse(results=[pb2.SimilarityResult(**asdict(r)) for r in results],
                                           timing=_timing(timing))
 
         return await self._handle("similarity", context, answer)
@@ -101,10 +100,7 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
     async def QA(self, request: pb2.QARequest, context: grpc.aio.ServicerContext) -> pb2.QAResponse:
         async def answer(service: TaskService, timeout: float | None) -> pb2.QAResponse:
             spans, timing = await service.qa([(item.question, item.context) for item in request.items], timeout)
-            return pb2.QAResponse(
-                results=[pb2.QAResult(answer=s.text, start_char=s.start_char, end_char=s.end_char, score=s.score,
-                                      null_score=s.null_score, no_answer=s.is_impossible) for s in spans],
-                timing=_timing(timing))
+            return pb2.QAResponse(results=[pb2.QAResult(**asdict(s)) for s in spans], timing=_timing(timing))
 
         return await self._handle("qa", context, answer)
 

@@ -63,15 +63,17 @@ class TaskService:
                                              timeout)
         return T.postprocess_sentiment(np.stack(outputs), self._sentiment), timing
 
-    async def paraphrase(self, pairs: Sequence[tuple[str, str]], timeout: float | None) -> tuple[np.ndarray, Timing]:
+    async def paraphrase(self, pairs: Sequence[tuple[str, str]], timeout: float | None
+                         ) -> tuple[list[T.ParaphraseResult], Timing]:
         """The probability that each pair is a paraphrase."""
         outputs, timing = await self._pairs("paraphrase", pairs, timeout)
-        return T.postprocess_paraphrase(np.asarray(outputs)), timing
+        return T.paraphrase_results(np.asarray(outputs)), timing
 
-    async def similarity(self, pairs: Sequence[tuple[str, str]], timeout: float | None) -> tuple[np.ndarray, Timing]:
+    async def similarity(self, pairs: Sequence[tuple[str, str]], timeout: float | None
+                         ) -> tuple[list[T.SimilarityResult], Timing]:
         """A 0-5 similarity score per pair."""
         outputs, timing = await self._pairs("similarity", pairs, timeout)
-        return T.postprocess_similarity(np.asarray(outputs)), timing
+        return T.similarity_results(np.asarray(outputs)), timing
 
     async def qa(self, items: Sequence[tuple[str, str]], timeout: float | None) -> tuple[list[SpanPrediction], Timing]:
         """(question, context) items -> the best span of each context, or no-answer."""

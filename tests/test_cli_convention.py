@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from bertzoo.cli import main
@@ -39,3 +41,15 @@ def test_the_repository_root_imports_the_installed_package():
     code = "import bertzoo.serving.proto, bertzoo.trainer.model, bertzoo.export.parity"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(("answer", "message"), [("SentimentResult", "SentimentResult"),
+                                                 ("ParaphraseResult", "ParaphraseResult"),
+                                                 ("SimilarityResult", "SimilarityResult"), ("SpanPrediction", "QAResult")])
+def test_predict_and_the_rpcs_share_one_answer_schema(answer, message):
+    # `bertzoo predict --json` prints these dataclasses and the server builds its result messages from them.
+    from bertzoo import qa, tasks
+    from bertzoo.serving.proto import pb2
+
+    names = [f.name for f in fields(getattr(tasks, answer, None) or getattr(qa, answer))]
+    assert names == [f.name for f in getattr(pb2, message).DESCRIPTOR.fields]

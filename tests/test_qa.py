@@ -137,18 +137,18 @@ def test_decode_span_answer_in_second_window() -> None:
     s2, e2 = _logits(n, {0: 1.0, 6: 5.0}), _logits(n, {0: 1.0, 7: 4.0})  # "ee ff", score 9
     pred = decode_span(CTX, [W1, W2], [s1, s2], [e1, e2])
     assert pred == SpanPrediction("ee ff", 12, 17, 9.0, 0.0, False)
-    assert pred.text == CTX[pred.start_char : pred.end_char]
+    assert pred.answer == CTX[pred.start_char : pred.end_char]
 
 
 def test_decode_span_respects_max_answer_tokens() -> None:
     n = len(W1.input_ids)
     s = _logits(n, {4: 10.0, 6: 5.0})  # starts: aa (best), cc
     e = _logits(n, {7: 10.0, 5: 1.0})  # ends: dd (best), bb
-    assert decode_span(CTX, [W1], [s], [e], allow_impossible=False).text == "aa bb cc dd"
+    assert decode_span(CTX, [W1], [s], [e], allow_impossible=False).answer == "aa bb cc dd"
     pred = decode_span(CTX, [W1], [s], [e], max_answer_tokens=2, allow_impossible=False)
-    assert pred.text == "cc dd" and pred.score == 15.0
+    assert pred.answer == "cc dd" and pred.score == 15.0
     pred = decode_span(CTX, [W1], [s], [e], max_answer_tokens=1, allow_impossible=False)
-    assert len(pred.text.split()) == 1
+    assert len(pred.answer.split()) == 1
 
 
 def test_decode_span_never_returns_question_or_special_tokens() -> None:
@@ -156,7 +156,7 @@ def test_decode_span_never_returns_question_or_special_tokens() -> None:
     s = _logits(n, {0: 50.0, 1: 100.0, 2: 100.0, 3: 100.0, n - 1: 100.0, 5: 1.0})
     e = _logits(n, {0: 50.0, 1: 100.0, 2: 100.0, 3: 100.0, n - 1: 100.0, 6: 1.0})
     pred = decode_span(CTX, [W1], [s], [e], allow_impossible=False)
-    assert pred.text == "bb cc" and not pred.is_impossible
+    assert pred.answer == "bb cc" and not pred.no_answer
 
 
 def test_decode_span_never_picks_end_before_start() -> None:
@@ -172,7 +172,7 @@ def test_decode_span_fallback_when_top_pairs_are_all_invalid() -> None:
     s = _logits(n, {7: 10.0, 4: 0.0}, base=-1.0)
     e = _logits(n, {4: 10.0, 7: 0.0}, base=-1.0)
     pred = decode_span(CTX, [W1], [s], [e], n_best=1, allow_impossible=False)
-    assert pred.text in {"aa", "dd"} and not pred.is_impossible
+    assert pred.answer in {"aa", "dd"} and not pred.no_answer
 
 
 def test_decode_span_null_wins_and_threshold() -> None:
@@ -180,8 +180,8 @@ def test_decode_span_null_wins_and_threshold() -> None:
     s, e = _logits(n, {0: 10.0, 5: 4.0}), _logits(n, {0: 10.0, 5: 4.0})  # null 20, span 8
     pred = decode_span(CTX, [W1], [s], [e])
     assert pred == SpanPrediction("", -1, -1, 8.0, 20.0, True)
-    assert decode_span(CTX, [W1], [s], [e], null_threshold=12.5).text == "bb"
-    assert decode_span(CTX, [W1], [s], [e], allow_impossible=False).text == "bb"
+    assert decode_span(CTX, [W1], [s], [e], null_threshold=12.5).answer == "bb"
+    assert decode_span(CTX, [W1], [s], [e], allow_impossible=False).answer == "bb"
 
 
 def test_decode_span_null_score_is_min_over_windows() -> None:
@@ -189,7 +189,7 @@ def test_decode_span_null_score_is_min_over_windows() -> None:
     s1, e1 = _logits(n, {0: 10.0, 4: 4.0}), _logits(n, {0: 10.0, 4: 4.0})  # null 20
     s2, e2 = _logits(n, {0: 1.0, 7: 3.0}), _logits(n, {0: 1.0, 7: 3.0})  # null 2
     pred = decode_span(CTX, [W1, W2], [s1, s2], [e1, e2])
-    assert pred.null_score == 2.0 and pred.text == "aa" and pred.score == 8.0
+    assert pred.null_score == 2.0 and pred.answer == "aa" and pred.score == 8.0
 
 
 def test_decode_span_ignores_padding_positions() -> None:
@@ -197,7 +197,7 @@ def test_decode_span_ignores_padding_positions() -> None:
     s = np.concatenate([_logits(n, {4: 1.0}), np.full(5, 99.0)])
     e = np.concatenate([_logits(n, {4: 1.0}), np.full(5, 99.0)])
     pred = decode_span(CTX, [W1], [s.astype(np.float32)], [e.astype(np.float32)], allow_impossible=False)
-    assert pred.text == "aa" and pred.score == 2.0
+    assert pred.answer == "aa" and pred.score == 2.0
 
 
 def test_decode_span_errors() -> None:
@@ -227,7 +227,7 @@ def test_decode_span_end_to_end_with_real_tokenizer() -> None:
     starts = [_logits(width, {w.start_position: 8.0} if w.start_position else {0: 1.0}) for w in ws]
     ends = [_logits(width, {w.end_position: 8.0} if w.start_position else {0: 1.0}) for w in ws]
     pred = decode_span(context, ws, starts, ends)
-    assert pred.text == answer == context[pred.start_char : pred.end_char]
+    assert pred.answer == answer == context[pred.start_char : pred.end_char]
     assert pred.null_score == -10.0
 
 

@@ -57,8 +57,8 @@ def test_sentence_and_pair_tasks_answer_what_the_evaluation_pipeline_computes(se
     response = client.sentiment([e.text for e in sentences])
     expected = T.postprocess_sentiment(pipeline.predict(backend, "sentiment", sentences, tokenizer, limits),
                                        T.task_spec("sentiment"))
-    assert [r.label for r in response.results] == [e.label_name for e in expected]
-    assert [r.label_index for r in response.results] == [e.label for e in expected]
+    assert [r.label for r in response.results] == [e.label for e in expected]
+    assert [r.label_index for r in response.results] == [e.label_index for e in expected]
     np.testing.assert_allclose([r.probabilities for r in response.results], [e.probabilities for e in expected],
                                atol=1e-5)
     assert list(response.labels) == list(T.task_spec("sentiment").labels)
@@ -87,7 +87,7 @@ def test_qa_answers_the_pipeline_spans_with_context_offsets(served, reference):
     results = client.qa([(e.question, e.context) for e in examples]).results
     for example, got, want in zip(examples, results, expected, strict=True):
         assert (got.answer, got.start_char, got.end_char, got.no_answer) == (
-            want.text, want.start_char, want.end_char, want.is_impossible)
+            want.answer, want.start_char, want.end_char, want.no_answer)
         assert got.score == pytest.approx(want.score, abs=1e-4)
         assert got.null_score == pytest.approx(want.null_score, abs=1e-4)
         if not got.no_answer:
@@ -112,8 +112,8 @@ def test_one_encoder_pass_serves_every_task_at_once(reference):
     spans = [T.postprocess_qa(q.context, w.rows, starts, ends, limits, null_threshold=threshold)
              for q, w, (starts, ends) in zip(questions, works[5:7], outputs[5:7], strict=True)]
     expected = pipeline.predict(backend, "qa", questions, tokenizer, limits, null_threshold=threshold)
-    assert [(s.text, s.start_char, s.is_impossible) for s in spans] == [
-        (e.text, e.start_char, e.is_impossible) for e in expected]
+    assert [(s.answer, s.start_char, s.no_answer) for s in spans] == [
+        (e.answer, e.start_char, e.no_answer) for e in expected]
     assert outputs[7].shape == (32,) and np.linalg.norm(outputs[7]) == pytest.approx(1.0, abs=1e-5)
 
 

@@ -61,19 +61,22 @@ def test_cli_train_eval_predict_all_tasks(tmp_path):
     assert json.loads((tmp_path / "m.json").read_text())["sentiment"]["n"] == 5
 
     def predict(task, *texts):
-        r = runner.invoke(main, ["predict", str(out), "--task", task, *texts])
+        r = runner.invoke(main, ["predict", str(out), "--task", task, "--json", *texts])
         assert r.exit_code == 0, r.output
         assert "the run's BEST checkpoint" in r.stderr  # which checkpoint answered goes to stderr, JSON to stdout
-        return json.loads(r.stdout)
+        return json.loads(r.stdout)["results"]
 
     sentiment = predict("sentiment", "a gorgeous, witty film", "dull and lifeless")
     assert len(sentiment) == 2 and abs(sum(sentiment[0]["probabilities"]) - 1) < 1e-6
-    assert sentiment[0]["label_name"] in ("very negative", "negative", "neutral", "positive", "very positive")
-    assert 0 <= predict("paraphrase", "How do I learn?", "How can I learn?")["probability"] <= 1
-    assert 0 <= predict("similarity", "A man plays guitar.", "A person plays music.")["score"] <= 5
+    assert sentiment[0]["label"] in ("very negative", "negative", "neutral", "positive", "very positive")
+    paraphrase = predict("paraphrase", "How do I learn?", "How can I learn?")[0]
+    assert 0 <= paraphrase["probability"] <= 1 and paraphrase["is_paraphrase"] == (paraphrase["probability"] >= 0.5)
+    assert 0 <= predict("similarity", "A man plays guitar.", "A person plays music.")[0]["score"] <= 5
     context = "The Eiffel Tower is in Paris. It was finished in 1889."
-    qa = predict("qa", "When was it finished?", context)
-    assert qa["text"] == (context[qa["start_char"]:qa["end_char"]] if qa["start_char"] >= 0 else "")
+    qa = predict("qa", "When was it finished?", context)[0]
+    assert qa["answer"] == (context[qa["start_char"]:qa["end_char"]] if qa["start_char"] >= 0 else "")
+    readable = runner.invoke(main, ["predict", str(out), "--task", "sentiment", "a gorgeous, witty film"])
+    assert readable.stdout.rstrip("\n").endswith("\ta gorgeous, witty film") and "(p=0." in readable.stdout
     bad = runner.invoke(main, ["predict", str(out), "--task", "paraphrase", "only one"])
     assert bad.exit_code != 0 and "exactly two texts" in bad.output
 

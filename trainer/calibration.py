@@ -62,7 +62,7 @@ def calibrate_null_threshold(model: MultitaskModel, examples: Sequence[QAExample
         model.train(was_training)
     by_id = {e.id: s for e, s in zip(examples, spans, strict=True)}
     margins = {i: s.null_score - s.score for i, s in by_id.items()}
-    fitted = best_null_threshold({i: s.text for i, s in by_id.items()}, margins, examples, unanswerable_share)
+    fitted = best_null_threshold({i: s.answer for i, s in by_id.items()}, margins, examples, unanswerable_share)
 
     def f1_at(threshold: float) -> float:
         return squad_metrics({i: with_null_threshold(s, threshold).text for i, s in by_id.items()}, examples)["f1"]
