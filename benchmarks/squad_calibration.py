@@ -32,7 +32,7 @@ from bertzoo.trainer.evaluate import TorchBackend
 
 def answers_at(threshold: float, predictions: dict[str, SpanPrediction], ids) -> dict[str, str]:
     """Each question's answer at ``threshold``, by the same rule ``bertzoo eval`` and the server apply."""
-    return {i: with_null_threshold(predictions[i], threshold).text for i in ids}
+    return {i: with_null_threshold(predictions[i], threshold).answer for i in ids}
 
 
 def per_question_f1(answers: dict[str, str], examples) -> np.ndarray:

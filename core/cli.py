@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -13,10 +14,22 @@ import click
 from .errors import UserError
 from .tasks import TASK_NAMES
 
+# Libraries that log every pass at INFO or WARNING (the ONNX exporter and optimizer, ONNX Runtime's fusion and
+# quantization tools, which log through the root logger, torch): shown with --verbose only.
+THIRD_PARTY_LOGGERS = ("torch", "onnxscript", "onnx_ir", "onnxruntime", "fusion_base", "fusion_utils", "onnx_model",
+                       "onnx_model_bert", "fusion_embedlayer", "fusion_attention", "fusion_skiplayernorm")
+
 
 def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S", stream=sys.stderr)
+    logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+    logging.getLogger().setLevel(logging.DEBUG if verbose else logging.ERROR)  # every logger not named below
+    logging.getLogger("bertzoo").setLevel(logging.DEBUG if verbose else logging.INFO)
+    for name in THIRD_PARTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.ERROR)
+    if not verbose:
+        # torch sets its own loggers' levels when it is imported (later, and only by the commands that need it), from
+        # TORCH_LOGS: "-onnx" keeps the exporter's warnings (e.g. "torchvision is not installed") at ERROR.
+        os.environ.setdefault("TORCH_LOGS", "-onnx")
 
 
 def _parse_tasks(value: str) -> tuple[str, ...]:
@@ -229,7 +242,7 @@ def eval_command(checkpoint: str, data_dir: str | None, split: str, tasks: str |
     config.tasks = _parse_tasks(tasks) if tasks else config.tasks
     if qa_null_threshold is not None:
         model.config.qa_null_threshold = qa_null_threshold
-    metrics = evaluate(model, load_splits(config, split, limit), tokenizer, config.limits)
+    metrics = evaluate(model, load_splits(config, split, limit), tokenizer, config.limits, progress=True)
     click.echo(f"{directory} on {split}:")
     click.echo(format_metrics(metrics))
     if json_out:
@@ -301,7 +314,7 @@ def export_command(checkpoint: str, out_dir: str, **options) -> None:
     from bertzoo.export.tensorrt import TensorRTUnavailable
 
     try:
-        manifest = export_checkpoint(checkpoint, out_dir, ExportOptions(**options))
+        manifest = export_checkpoint(checkpoint, out_dir, ExportOptions(**options, progress=True))
     except (ExportError, TensorRTUnavailable) as e:
         raise click.ClickException(str(e)) from e
     for variant, report in manifest["parity"].items():
@@ -496,7 +509,7 @@ def bench_serve(task: str, data: str | None, concurrency: int, duration: float, 
     report = asyncio.run(run_load(target, task, inputs, concurrency=concurrency,
                                   duration=None if request_count else duration, requests=request_count,
                                   items_per_request=items, timeout=timeout, token=token, tls=tls,
-                                  root_certificates=tls_ca))
+                                  root_certificates=tls_ca, progress=True))
     summary = report.summary()
     click.echo(format_report(summary))
     if json_out:

@@ -88,9 +88,11 @@ _PAIR_LABEL_RULES = {
 
 def _skip(skipped: list[str] | None, path: Path, where: int | str, reason: str) -> None:
     msg = f"{path}:{where}: {reason}"
-    log.warning(msg)
     if skipped is not None:
-        skipped.append(msg)
+        skipped.append(msg)  # the caller reports them in one line; each row is in the --verbose log
+        log.debug(msg)
+    else:
+        log.warning(msg)
 
 
 def _check_exists(path: Path) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
+from tqdm import tqdm
 
 from . import tasks as T
 from .qa import SpanPrediction
@@ -47,35 +48,46 @@ def pad_states(items: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarr
     return states, masks
 
 
-def encode_states(backend: Backend, encodings: Sequence[Encoding | QAWindow], pad_id: int, batch_size: int
-                  ) -> list[tuple[np.ndarray, np.ndarray]]:
+def progress_bar(label: str | None, total: int) -> tqdm:
+    """A bar over encoded sequences, labelled e.g. "eval sentiment"; none without a label (tests, the server) and none
+    when stderr is not a terminal (logs)."""
+    return tqdm(total=total, desc=label, unit="seq", disable=True if label is None else None, leave=False,
+                dynamic_ncols=True, mininterval=0.5)
+
+
+def encode_states(backend: Backend, encodings: Sequence[Encoding | QAWindow], pad_id: int, batch_size: int,
+                  progress: str | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
     """Token states and masks for each encoding, in input order (each trimmed to its own length)."""
     out: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(encodings)
-    for idx in length_sorted_batches([len(e.input_ids) for e in encodings], batch_size):
-        batch = pad_batch([encodings[i] for i in idx], pad_id)
-        states = backend.encode(batch)
-        for row, i in enumerate(idx):
-            n = len(encodings[i].input_ids)
-            out[i] = (states[row, :n], batch["attention_mask"][row, :n])
+    with progress_bar(progress, len(encodings)) as bar:
+        for idx in length_sorted_batches([len(e.input_ids) for e in encodings], batch_size):
+            batch = pad_batch([encodings[i] for i in idx], pad_id)
+            states = backend.encode(batch)
+            for row, i in enumerate(idx):
+                n = len(encodings[i].input_ids)
+                out[i] = (states[row, :n], batch["attention_mask"][row, :n])
+            bar.update(len(idx))
     return out  # type: ignore[return-value]
 
 
 def predict(backend: Backend, task: str, examples: Sequence, tokenizer: Tokenizer, limits: T.Limits,
-            batch_size: int = 64, allow_impossible: bool = True, null_threshold: float = 0.0
-            ) -> np.ndarray | list[SpanPrediction]:
+            batch_size: int = 64, allow_impossible: bool = True, null_threshold: float = 0.0,
+            progress: str | None = None) -> np.ndarray | list[SpanPrediction]:
     """Head outputs for sentence and pair tasks (logits / scores), decoded spans for QA (with
-    ``allow_impossible=False`` the best span even where "no answer" wins, as scoring needs)."""
+    ``allow_impossible=False`` the best span even where "no answer" wins, as scoring needs). ``progress``: the
+    label of a progress bar."""
     if task == "qa":
-        return _predict_qa(backend, examples, tokenizer, limits, batch_size, allow_impossible, null_threshold)
+        return _predict_qa(backend, examples, tokenizer, limits, batch_size, allow_impossible, null_threshold,
+                           progress)
     if task == "sentiment":
         states = encode_states(backend, T.encode_sentences(tokenizer, [e.text for e in examples], limits),
-                               tokenizer.pad_id, batch_size)
+                               tokenizer.pad_id, batch_size, progress)
         chunks = [backend.head(task, dict(zip(("states", "mask"), pad_states(states[i:i + batch_size]),
                                               strict=True)))[0]
                   for i in range(0, len(states), batch_size)]
     elif task in PAIR_TASKS:
         a, b = T.encode_pairs_separately(tokenizer, [e.text_a for e in examples], [e.text_b for e in examples], limits)
-        states = encode_states(backend, a + b, tokenizer.pad_id, batch_size)
+        states = encode_states(backend, a + b, tokenizer.pad_id, batch_size, progress)
         sa, sb = states[: len(a)], states[len(a):]
         chunks = []
         for i in range(0, len(sa), batch_size):
@@ -88,7 +100,7 @@ def predict(backend: Backend, task: str, examples: Sequence, tokenizer: Tokenize
 
 
 def _predict_qa(backend: Backend, examples: Sequence, tokenizer: Tokenizer, limits: T.Limits, batch_size: int,
-                allow_impossible: bool, null_threshold: float) -> list[SpanPrediction]:
+                allow_impossible: bool, null_threshold: float, progress: str | None) -> list[SpanPrediction]:
     windows, owner = [], []
     for i, e in enumerate(examples):
         for w in T.encode_qa(tokenizer, e.question, e.context, limits):
@@ -96,13 +108,15 @@ def _predict_qa(backend: Backend, examples: Sequence, tokenizer: Tokenizer, limi
             owner.append(i)
     starts: list[np.ndarray] = [np.zeros(0)] * len(windows)
     ends: list[np.ndarray] = [np.zeros(0)] * len(windows)
-    for idx in length_sorted_batches([len(w.input_ids) for w in windows], batch_size):
-        batch = pad_batch([windows[i] for i in idx], tokenizer.pad_id)
-        states = backend.encode(batch)
-        start, end = backend.head("qa", {"states": states, "mask": batch["attention_mask"]})
-        for row, i in enumerate(idx):
-            n = len(windows[i].input_ids)
-            starts[i], ends[i] = start[row, :n], end[row, :n]
+    with progress_bar(progress, len(windows)) as bar:
+        for idx in length_sorted_batches([len(w.input_ids) for w in windows], batch_size):
+            batch = pad_batch([windows[i] for i in idx], tokenizer.pad_id)
+            states = backend.encode(batch)
+            start, end = backend.head("qa", {"states": states, "mask": batch["attention_mask"]})
+            for row, i in enumerate(idx):
+                n = len(windows[i].input_ids)
+                starts[i], ends[i] = start[row, :n], end[row, :n]
+            bar.update(len(idx))
     per_example: list[list[int]] = [[] for _ in examples]
     for w, i in enumerate(owner):
         per_example[i].append(w)
@@ -114,9 +128,10 @@ def _predict_qa(backend: Backend, examples: Sequence, tokenizer: Tokenizer, limi
 
 
 def score(backend: Backend, task: str, examples: Sequence, tokenizer: Tokenizer, limits: T.Limits,
-          batch_size: int = 64, null_threshold: float = 0.0) -> dict[str, float]:
+          batch_size: int = 64, null_threshold: float = 0.0, progress: str | None = None) -> dict[str, float]:
     """The task's official metrics for ``examples`` (which carry gold labels)."""
-    outputs = predict(backend, task, examples, tokenizer, limits, batch_size, allow_impossible=False)
+    outputs = predict(backend, task, examples, tokenizer, limits, batch_size, allow_impossible=False,
+                      progress=progress)
     if task == "sentiment":
         return T.score_sentiment(np.asarray(outputs).argmax(-1), examples)
     if task == "paraphrase":

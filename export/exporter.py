@@ -41,6 +41,7 @@ class ExportOptions:
     seq_buckets: tuple[int, ...] = DEFAULT_BUCKETS
     batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
     force: bool = False  # replace an existing artifact directory
+    progress: bool = False  # progress bars for the parity gates (on a terminal)
 
 
 class ExportError(RuntimeError):
@@ -119,7 +120,8 @@ def _export_into(work: Path, out: Path, model, train_config: TrainConfig, tokeni
     for variant in graphs["encoder"]["files"]:
         backend = OnnxRuntimeBackend(work, variant, manifest=draft)
         try:
-            parity_reports[variant] = parity.check(model, backend, variant, splits, tokenizer, train_config.limits)
+            parity_reports[variant] = parity.check(model, backend, variant, splits, tokenizer, train_config.limits,
+                                                    options.progress)
         except parity.ParityError as e:
             failed = out.with_name(f"{out.name}.parity-failed.json")
             write_json_atomic(failed, {**parity_reports, variant: e.report})
@@ -140,7 +142,7 @@ def _export_into(work: Path, out: Path, model, train_config: TrainConfig, tokeni
         engine_backend = TensorRTWithOrtHeads(tensorrt.TensorRTBackend(trt_dir / "encoder.fp16.plan"),
                                               OnnxRuntimeBackend(work, "fp32", manifest=draft))
         parity_reports["tensorrt_fp16"] = parity.check(model, engine_backend, "fp16", splits, tokenizer,
-                                                       train_config.limits)
+                                                       train_config.limits, options.progress)
     if options.triton:
         from . import triton_repo
 

@@ -105,15 +105,18 @@ def tensor_parity(reference: pipeline.Backend, candidate: pipeline.Backend, task
 
 
 def task_parity(reference: pipeline.Backend, candidate: pipeline.Backend, splits: dict[str, Sequence],
-                tokenizer: Tokenizer, limits: T.Limits, null_threshold: float, batch_size: int = 32) -> dict[str, dict]:
-    """Per task: the candidate's agreement with the reference (class tasks) or metric change (STS, QA)."""
+                tokenizer: Tokenizer, limits: T.Limits, null_threshold: float, batch_size: int = 32,
+                progress: str | None = None) -> dict[str, dict]:
+    """Per task: the candidate's agreement with the reference (class tasks) or metric change (STS, QA).
+    ``progress``: the candidate's name, to label progress bars with."""
     report: dict[str, dict] = {}
     for task, examples in splits.items():
         if not examples:
             continue
+        ref_bar, got_bar = (f"parity {task}: reference", f"parity {task}: {progress}") if progress else (None, None)
         if task in ("sentiment", "paraphrase"):
-            ref = pipeline.predict(reference, task, examples, tokenizer, limits, batch_size)
-            got = pipeline.predict(candidate, task, examples, tokenizer, limits, batch_size)
+            ref = pipeline.predict(reference, task, examples, tokenizer, limits, batch_size, progress=ref_bar)
+            got = pipeline.predict(candidate, task, examples, tokenizer, limits, batch_size, progress=got_bar)
             if task == "sentiment":
                 same = np.asarray(ref).argmax(-1) == np.asarray(got).argmax(-1)
             else:
@@ -123,21 +126,22 @@ def task_parity(reference: pipeline.Backend, candidate: pipeline.Backend, splits
                             "n": len(examples)}
         else:
             metric = "pearson" if task == "similarity" else "f1"
-            ref_m = pipeline.score(reference, task, examples, tokenizer, limits, batch_size, null_threshold)
-            got_m = pipeline.score(candidate, task, examples, tokenizer, limits, batch_size, null_threshold)
+            ref_m = pipeline.score(reference, task, examples, tokenizer, limits, batch_size, null_threshold, ref_bar)
+            got_m = pipeline.score(candidate, task, examples, tokenizer, limits, batch_size, null_threshold, got_bar)
             report[task] = {f"{metric}_reference": ref_m[metric], f"{metric}_exported": got_m[metric],
                             f"{metric}_delta": abs(got_m[metric] - ref_m[metric]), "n": len(examples)}
     return report
 
 
 def check(model: MultitaskModel, candidate: pipeline.Backend, precision: str, splits: dict[str, Sequence],
-          tokenizer: Tokenizer, limits: T.Limits) -> dict:
+          tokenizer: Tokenizer, limits: T.Limits, progress: bool = False) -> dict:
     """Measure ``candidate`` against the PyTorch model; returns the report, raises ParityError if a bound is missed."""
     bounds = BOUNDS[precision]
     reference = TorchBackend(model.float().eval(), torch.device("cpu"))
     tasks = list(model.heads)
     tensors = tensor_parity(reference, candidate, tasks, model.config.encoder.vocab_size)
-    per_task = task_parity(reference, candidate, splits, tokenizer, limits, model.config.qa_null_threshold)
+    per_task = task_parity(reference, candidate, splits, tokenizer, limits, model.config.qa_null_threshold,
+                           progress=precision if progress else None)
     failures = [f"{name} max abs diff {v:.2e} > {bounds.tensor_max_abs:.0e}"
                 for name, v in tensors.items() if v > bounds.tensor_max_abs]
     for task, r in per_task.items():

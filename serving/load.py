@@ -18,6 +18,7 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+from tqdm import tqdm
 
 from .client import auth_metadata, channel_credentials
 from .proto import pb2, pb2_grpc
@@ -87,9 +88,10 @@ class LoadReport:
 
 async def run_load(target: str, task: str, items: Sequence, *, concurrency: int = 8, duration: float | None = 10.0,
                    requests: int | None = None, items_per_request: int = 1, timeout: float = 30.0,
-                   token: str | None = None, tls: bool = False, root_certificates: str | Path | None = None
-                   ) -> LoadReport:
-    """Closed-loop load: ``concurrency`` clients until ``duration`` seconds passed or ``requests`` were sent."""
+                   token: str | None = None, tls: bool = False, root_certificates: str | Path | None = None,
+                   progress: bool = False) -> LoadReport:
+    """Closed-loop load: ``concurrency`` clients until ``duration`` seconds passed or ``requests`` were sent.
+    ``progress``: a bar of answered requests (on a terminal)."""
     if task not in LOAD_TASKS:
         raise ValueError(f"task must be one of {LOAD_TASKS}, got {task!r}")
     if duration is None and requests is None:
@@ -102,6 +104,8 @@ async def run_load(target: str, task: str, items: Sequence, *, concurrency: int 
     report = LoadReport(task, concurrency, items_per_request)
     started = time.perf_counter()
     stop_at = None if duration is None else started + duration
+    bar = tqdm(total=requests, desc=f"bench-serve {task}", unit="req", disable=None if progress else True, leave=False,
+               dynamic_ncols=True, mininterval=0.5)
 
     async def client() -> None:
         channel = (grpc.aio.secure_channel(target, credentials) if credentials is not None
@@ -118,10 +122,12 @@ async def run_load(target: str, task: str, items: Sequence, *, concurrency: int 
                 else:
                     report.latencies.append(time.perf_counter() - t0)
                     report.codes["OK"] += 1
+                bar.update(1)
         finally:
             await channel.close()
 
-    await asyncio.gather(*(client() for _ in range(concurrency)))
+    with bar:
+        await asyncio.gather(*(client() for _ in range(concurrency)))
     report.seconds = time.perf_counter() - started
     return report
 

@@ -49,7 +49,7 @@ def hold_out_articles(examples: Sequence[QAExample], n_articles: int) -> tuple[l
 
 
 def calibrate_null_threshold(model: MultitaskModel, examples: Sequence[QAExample], tokenizer: Tokenizer,
-                             limits: Limits, unanswerable_share: float | None) -> dict:
+                             limits: Limits, unanswerable_share: float | None, progress: bool = False) -> dict:
     """Fit the no-answer threshold on ``examples`` (F1, reweighted to ``unanswerable_share``) and set it on the model.
 
     Returns what was fitted and the held-out F1 at the old and the new threshold (unweighted, on the held-out
@@ -57,7 +57,8 @@ def calibrate_null_threshold(model: MultitaskModel, examples: Sequence[QAExample
     """
     was_training = model.training
     try:
-        spans = predict_outputs(model, "qa", examples, tokenizer, limits, allow_impossible=False)
+        spans = predict_outputs(model, "qa", examples, tokenizer, limits, allow_impossible=False,
+                                progress="calibrate qa no-answer threshold" if progress else None)
     finally:
         model.train(was_training)
     by_id = {e.id: s for e, s in zip(examples, spans, strict=True)}
@@ -65,7 +66,7 @@ def calibrate_null_threshold(model: MultitaskModel, examples: Sequence[QAExample
     fitted = best_null_threshold({i: s.answer for i, s in by_id.items()}, margins, examples, unanswerable_share)
 
     def f1_at(threshold: float) -> float:
-        return squad_metrics({i: with_null_threshold(s, threshold).text for i, s in by_id.items()}, examples)["f1"]
+        return squad_metrics({i: with_null_threshold(s, threshold).answer for i, s in by_id.items()}, examples)["f1"]
 
     previous, threshold = model.config.qa_null_threshold, fitted["best_f1_threshold"]
     if threshold == float("-inf"):  # abstaining on every held-out question was best: keep it finite for JSON

@@ -71,20 +71,20 @@ class TorchBackend:
 
 
 def predict_outputs(model: MultitaskModel, task: str, examples: Sequence, tokenizer: Tokenizer, limits: T.Limits,
-                    batch_size: int = 64, device: torch.device | None = None, allow_impossible: bool = True
-                    ) -> np.ndarray | list[SpanPrediction]:
+                    batch_size: int = 64, device: torch.device | None = None, allow_impossible: bool = True,
+                    progress: str | None = None) -> np.ndarray | list[SpanPrediction]:
     """Head outputs for sentence and pair tasks, decoded spans for QA (see ``bertzoo.pipeline.predict``)."""
     return pipeline.predict(TorchBackend(model, device), task, examples, tokenizer, limits, batch_size,
-                            allow_impossible, model.config.qa_null_threshold)
+                            allow_impossible, model.config.qa_null_threshold, progress)
 
 
 def evaluate(model: MultitaskModel, splits: dict[str, Sequence], tokenizer: Tokenizer, limits: T.Limits,
-             batch_size: int = 64) -> dict[str, dict[str, float]]:
+             batch_size: int = 64, progress: bool = False) -> dict[str, dict[str, float]]:
     was_training = model.training
     try:
         backend = TorchBackend(model)
         return {task: pipeline.score(backend, task, examples, tokenizer, limits, batch_size,
-                                     model.config.qa_null_threshold)
+                                     model.config.qa_null_threshold, progress=f"eval {task}" if progress else None)
                 for task, examples in splits.items()}
     finally:
         model.train(was_training)

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from bertzoo.pipeline import progress_bar
 from bertzoo.tokenization import pad_batch
 
 from .batches import Feature
@@ -103,7 +104,8 @@ class ProbeStats:
 
 
 def probe(model: nn.Module, features: Sequence[Feature], mask_id: int, special_ids: Sequence[int], pad_id: int = 0,
-          batch_size: int = 256, task: str = "sentiment") -> tuple[list[np.ndarray], ProbeStats]:
+          batch_size: int = 256, task: str = "sentiment", progress: bool = False
+          ) -> tuple[list[np.ndarray], ProbeStats]:
     """Weak token labels for single-sentence ``features``: one int8 array per feature, aligned with its input ids,
     1 where replacing that token with ``mask_id`` changes the model's predicted class, 0 elsewhere (specials too).
 
@@ -137,18 +139,22 @@ def probe(model: nn.Module, features: Sequence[Feature], mask_id: int, special_i
 
     was_training = model.training
     model.eval()  # no dropout: a label must reflect the mask, not a dropout draw
+    bar = progress_bar("ssa probing" if progress else None, len(order) + len(sentences))
     try:
         with torch.no_grad():
             original = np.empty(len(features), dtype=np.int64)
             for start in range(0, len(order), batch_size):
                 chunk = order[start:start + batch_size]
                 original[chunk] = predict(chunk)
+                bar.update(len(chunk))
             changed = np.zeros(len(sentences), dtype=bool)
             for start in range(0, len(sentences), batch_size):
                 stop = start + batch_size
                 chunk = sentences[start:stop]
                 changed[start:stop] = predict(chunk, positions[start:stop]) != original[chunk]
+                bar.update(len(chunk))
     finally:
+        bar.close()
         model.train(was_training)
     labels = np.zeros(ids.shape, dtype=np.int8)
     labels[sentences, positions] = changed
@@ -166,7 +172,8 @@ class SelfSupervisedAttention:
     needs_attentions = False  # it reads the SSA head's report, not the encoder's attention maps
 
     def __init__(self, rounds: int, weight: float, mask_id: int, special_ids: Sequence[int], pad_id: int = 0,
-                 probe_limit: int | None = None, probe_batch_size: int = 256, seed: int = 0) -> None:
+                 probe_limit: int | None = None, probe_batch_size: int = 256, seed: int = 0,
+                 progress: bool = False) -> None:
         if rounds < 1:
             raise ValueError(f"SSA needs at least one round, got {rounds}")
         if probe_batch_size < 1:
@@ -174,6 +181,7 @@ class SelfSupervisedAttention:
         self.rounds, self.weight, self.mask_id, self.pad_id = rounds, weight, mask_id, pad_id
         self.special_ids = tuple(int(i) for i in special_ids)
         self.probe_limit, self.probe_batch_size, self.seed = probe_limit, probe_batch_size, seed
+        self.progress = progress
         self.labels: dict[int, np.ndarray] = {}  # sentiment feature index -> its token labels (current round)
         self.phase_probed: int | None = None  # None until this process has probed (a fresh or resumed run)
         self.history: list[tuple[int, int, ProbeStats]] = []  # (phase, step, stats) per probing round
@@ -187,7 +195,7 @@ class SelfSupervisedAttention:
                              f"got {config.sentiment_head!r}")
         specials = (tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id, tokenizer.mask_id)
         return cls(config.ssa_rounds, config.ssa_weight, tokenizer.mask_id, specials, tokenizer.pad_id,
-                   config.ssa_probe_limit, config.ssa_probe_batch_size, config.seed)
+                   config.ssa_probe_limit, config.ssa_probe_batch_size, config.seed, config.progress)
 
     def phase(self, step: int, total_steps: int) -> int:
         """0 for plain fine-tuning, k for the k-th SSA round: rounds + 1 equal shares of the steps."""
@@ -208,7 +216,7 @@ class SelfSupervisedAttention:
         features = streams["sentiment"].features
         subset = self.probe_subset(len(features))
         labels, stats = probe(model, [features[i] for i in subset], self.mask_id, self.special_ids, self.pad_id,
-                              self.probe_batch_size)
+                              self.probe_batch_size, progress=self.progress)
         self.labels = dict(zip(subset.tolist(), labels, strict=True))
         self.phase_probed = phase
         self.history.append((phase, step, stats))

@@ -338,14 +338,14 @@ def _end_of_epoch(config: TrainConfig, env: Dist, model: MultitaskModel, optimiz
     if env.is_main:
         if calibration:  # before dev evaluation and the save, so both use this checkpoint's own threshold
             fitted = calibrate_null_threshold(model, calibration, tokenizer, config.limits,
-                                              config.qa_calibration_share)
+                                              config.qa_calibration_share, progress=config.progress)
             log.info("step %d: no-answer threshold %.3f fitted on %d held-out questions (held-out F1 %.2f, "
                      "%.2f at the previous %.3f)", step, fitted["threshold"], fitted["questions"],
                      fitted["f1_at_threshold"], fitted["f1_at_previous"], fitted["previous_threshold"])
             if log_file:
                 log_file.write(json.dumps({"step": step, "qa_calibration": fitted}) + "\n")
         if dev_splits:
-            metrics = evaluate(model, dev_splits, tokenizer, config.limits)
+            metrics = evaluate(model, dev_splits, tokenizer, config.limits, progress=config.progress)
             log.info("dev metrics at step %d: %s", step, json.dumps(metrics))
             # "best" = the mean of each task's primary metric (QA F1 rescaled from percent to [0, 1]).
             score = float(np.nanmean(list(primary_scores(metrics, config.sentiment_dataset).values())))
