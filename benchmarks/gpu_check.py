@@ -267,6 +267,27 @@ def ort_placement(artifact: Path) -> dict:
     return placement
 
 
+def resident_states(artifact: Path, sentences: list[str]) -> dict:
+    """One served batch (run_batch: encoder + sentiment, similarity and embed rows) on ORT CUDA, with the encoder's
+    states kept on the GPU between encoder and heads (I/O binding) and copied through the host, side by side."""
+    from bertzoo import tasks as T
+    from bertzoo.serving.backends import OnnxRuntimeBackend
+    from bertzoo.serving.engine import EMBED, Work, prepare_inputs, run_batch
+    from bertzoo.tokenization import Tokenizer
+
+    tokenizer = Tokenizer.from_file(artifact / "tokenizer.json")
+    encoded = T.encode_sentences(tokenizer, sentences[:48], T.Limits())
+    works = [Work("sentiment", (e,)) for e in encoded[:16]] + [Work(EMBED, (e,)) for e in encoded[16:32]]
+    works += [Work("similarity", (a, b)) for a, b in zip(encoded[32:40], encoded[40:48], strict=True)]
+    inputs = prepare_inputs(works, 128, tokenizer.pad_id)
+    result = {}
+    for resident in (True, False):
+        backend = OnnxRuntimeBackend(artifact, device="cuda", resident_states=resident)
+        result["resident_ms" if resident else "host_ms"] = gpu_time(lambda b=backend: run_batch(b, works, inputs, "mean"))
+    result["host_over_resident"] = result["host_ms"] / result["resident_ms"]
+    return result
+
+
 def served(run: str, sentences: list[str], work: Path) -> dict:
     """`bertzoo serve` (torch, fp16, CUDA graphs) in a process of its own; the load generator in another."""
     from bertzoo.serving.client import BertzooClient
@@ -364,6 +385,9 @@ def main() -> None:
                 backends.update(ort_backends(artifacts[label]))
                 backends.update(trt_backends(artifacts[label]))
                 check(f"ORT CUDA placement, {label}")(lambda a=artifacts[label]: ort_placement(a))()
+                sentences = load_items("sentiment", str(Path(args.data) / "ids-sst-dev.csv"))
+                check(f"ORT CUDA run_batch, states on the GPU vs through the host, {label}")(
+                    lambda a=artifacts[label], s=sentences: resident_states(a, s))()
         backend_rows(label, source, backends, splits, tokenizer, config.limits)
     if "serve" not in skip:
         sentences = load_items("sentiment", str(Path(args.data) / "ids-sst-dev.csv"))

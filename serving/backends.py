@@ -103,12 +103,58 @@ def provider_names(providers: list) -> list[str]:
     return [p[0] if isinstance(p, tuple) else p for p in providers]
 
 
+def row_selection_model():
+    """A small graph that picks rows of the encoder's states where they are (the GPU): states [B, L, H] and rows [N]
+    with their mask [N, W] -> states[rows, :W] * mask, zero past each sequence's end (``engine.HostStates.select``)."""
+    from onnx import TensorProto, helper
+
+    constants = [helper.make_tensor(name, TensorProto.INT64, [1], [value])
+                 for name, value in (("zero", 0), ("one", 1), ("two", 2), ("last", -1))]
+    nodes = [
+        helper.make_node("Gather", ["states", "rows"], ["gathered"], axis=0),
+        helper.make_node("Shape", ["mask"], ["mask_shape"]),
+        helper.make_node("Slice", ["mask_shape", "one", "two"], ["width"]),
+        helper.make_node("Slice", ["gathered", "zero", "width", "one"], ["cut"]),
+        helper.make_node("Cast", ["mask"], ["mask_float"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["mask_float", "last"], ["mask_3d"]),
+        helper.make_node("Mul", ["cut", "mask_3d"], ["selected"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "select_rows",
+        [helper.make_tensor_value_info("states", TensorProto.FLOAT, ["batch", "length", "hidden"]),
+         helper.make_tensor_value_info("rows", TensorProto.INT64, ["n"]),
+         helper.make_tensor_value_info("mask", TensorProto.INT64, ["n", "width"])],
+        [helper.make_tensor_value_info("selected", TensorProto.FLOAT, ["n", "width", "hidden"])], constants)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+class DeviceStates:
+    """The encoder's states of one batch left on the session's device (an OrtValue): ``select`` picks a task's rows
+    there for its head, ``host`` copies rows back only where the host needs them (embeddings)."""
+
+    def __init__(self, backend: OnnxRuntimeBackend, states, mask: np.ndarray) -> None:
+        self._backend, self._states, self.mask = backend, states, mask
+
+    def select(self, rows):
+        mask = self.mask[rows]
+        mask = np.ascontiguousarray(mask[:, :int(mask.sum(axis=1).max())], dtype=np.int64)
+        return self._backend.select_rows(self._states, rows, mask), mask
+
+    def host(self, rows) -> tuple[np.ndarray, np.ndarray]:
+        selected, mask = self.select(rows)
+        return selected.numpy(), mask
+
+
 class OnnxRuntimeBackend:
-    """The artifact's encoder (in the chosen variant) and head graphs, each an ORT session."""
+    """The artifact's encoder (in the chosen variant) and head graphs, each an ORT session.
+
+    ``resident_states`` (default: on cuda) keeps the encoder's states on the device between the encoder and the heads
+    (ORT I/O binding), where the host copy would cost two transfers of batch x length x hidden floats; on the CPU the
+    plain numpy path is faster."""
 
     def __init__(self, directory: str | Path, variant: str = "fp32", threads: int | None = None,
                  device: str = "cpu", manifest: dict | None = None, spinning: bool = False,
-                 sparsegen: str = "auto", encoder: bool = True) -> None:
+                 sparsegen: str = "auto", encoder: bool = True, resident_states: bool | None = None) -> None:
         import onnx
         import onnxruntime as ort
 
@@ -138,6 +184,30 @@ class OnnxRuntimeBackend:
         self._encoder = sessions.pop("encoder", None)
         self._heads = sessions
         self.tasks = tuple(self._heads)
+        self._ort = ort
+        self.resident_states = (device == "cuda" if resident_states is None else resident_states) and encoder
+        if self.resident_states:
+            self._ort_device = "cuda" if device == "cuda" else "cpu"
+            self._rows = ort.InferenceSession(row_selection_model().SerializeToString(), sess_options=options,
+                                              providers=providers)
+
+    def encode_resident(self, batch: dict[str, np.ndarray]) -> DeviceStates:
+        """:meth:`encode`, with the states left on the device."""
+        binding = self._encoder.io_binding()
+        for name in ("input_ids", "attention_mask", "token_type_ids"):
+            binding.bind_cpu_input(name, np.ascontiguousarray(batch[name], dtype=np.int64))
+        binding.bind_output(self._encoder.get_outputs()[0].name, self._ort_device)
+        self._encoder.run_with_iobinding(binding)
+        return DeviceStates(self, binding.get_outputs()[0], batch["attention_mask"])
+
+    def select_rows(self, states, rows, mask: np.ndarray):
+        binding = self._rows.io_binding()
+        binding.bind_ortvalue_input("states", states)
+        binding.bind_cpu_input("rows", np.asarray(rows, dtype=np.int64))
+        binding.bind_cpu_input("mask", mask)
+        binding.bind_output("selected", self._ort_device)
+        self._rows.run_with_iobinding(binding)
+        return binding.get_outputs()[0]
 
     def encode(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         feed = {k: np.ascontiguousarray(batch[k], dtype=np.int64)
@@ -147,9 +217,21 @@ class OnnxRuntimeBackend:
     def head(self, task: str, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
         if task not in self._heads:
             raise ValueError(f"this model has no {task!r} head; it has {list(self._heads)}")
-        feed = {k: np.ascontiguousarray(v, dtype=np.float32 if k.startswith("states") else np.int64)
-                for k, v in inputs.items()}
-        return tuple(self._heads[task].run(None, feed))
+        session = self._heads[task]
+        if not any(isinstance(v, self._ort.OrtValue) for v in inputs.values()):
+            feed = {k: np.ascontiguousarray(v, dtype=np.float32 if k.startswith("states") else np.int64)
+                    for k, v in inputs.items()}
+            return tuple(session.run(None, feed))
+        binding = session.io_binding()  # states already on the device (encode_resident)
+        for name, value in inputs.items():
+            if isinstance(value, self._ort.OrtValue):
+                binding.bind_ortvalue_input(name, value)
+            else:
+                binding.bind_cpu_input(name, np.ascontiguousarray(value, dtype=np.int64))
+        for output in session.get_outputs():
+            binding.bind_output(output.name)  # the heads' outputs are small: to the host
+        session.run_with_iobinding(binding)
+        return tuple(binding.copy_outputs_to_cpu())
 
 
 class TensorRTWithOrtHeads:

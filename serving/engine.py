@@ -1,9 +1,11 @@
 """One encoder batch on a backend: pad the sequences (to the longest, or to the batch's length bucket), run the encoder
 once over all of them (whatever task each comes from), then each task's head on the rows of that task.
 
-Heads get exactly the inputs ``bertzoo.pipeline.predict`` gives them (states trimmed to each sequence and padded
-again with ``pipeline.pad_states``), so a served answer equals the evaluated one. This module is pure computation;
-the batcher decides what goes into a batch and calls :func:`run_batch` on its worker thread.
+Heads get exactly the inputs ``bertzoo.pipeline.predict`` gives them (states cut to the longest of their rows and zero
+past each sequence's end, as ``pipeline.pad_states`` makes them), so a served answer equals the evaluated one. A
+backend whose states live on a GPU may keep them there (``resident_states``): it selects each task's rows on the
+device and only the heads' small outputs come back to the host. This module is pure computation; the batcher decides
+what goes into a batch and calls :func:`run_batch` on its worker thread.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bertzoo.pipeline import PAIR_TASKS, Backend, pad_states
+from bertzoo.pipeline import PAIR_TASKS, Backend
 from bertzoo.tokenization import Encoding, QAWindow, pad_batch
 
 Row = Encoding | QAWindow
@@ -65,16 +67,35 @@ def pool_embeddings(states: np.ndarray, mask: np.ndarray, pooling: str) -> np.nd
     return (pooled / np.maximum(norms, 1e-12)).astype(np.float32)
 
 
+class HostStates:
+    """The encoder's states of one batch as a host array: what every backend's ``encode`` returns."""
+
+    def __init__(self, states: np.ndarray, mask: np.ndarray) -> None:
+        self.states, self.mask = states, mask
+
+    def select(self, rows: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """States and mask of ``rows``, cut to their longest sequence and zero past each one's end (right padding),
+        equal to ``pipeline.pad_states`` of the trimmed rows."""
+        mask = self.mask[rows]
+        mask = mask[:, :int(mask.sum(axis=1).max())]
+        return self.states[rows, :mask.shape[1]] * mask[..., None].astype(self.states.dtype), mask
+
+    host = select  # the states already are on the host
+
+
+def encoded_states(backend: Backend, inputs: dict[str, np.ndarray]):
+    """The encoder's states, on the backend's device where it keeps them there (``select`` then gives device values
+    its ``head`` takes, ``host`` host arrays), else as :class:`HostStates`."""
+    if getattr(backend, "resident_states", False):
+        return backend.encode_resident(inputs)
+    return HostStates(backend.encode(inputs), inputs["attention_mask"])
+
+
 def run_batch(backend: Backend, works: Sequence[Work], inputs: dict[str, np.ndarray], pooling: str) -> list[object]:
     """One output per work, in order. sentiment: logits [labels]; paraphrase / similarity: the head's scalar;
     qa: (start logits, end logits), one array per window trimmed to its length; embed: a unit vector [h]."""
-    states = backend.encode(inputs)
-    mask = inputs["attention_mask"]
+    encoded = encoded_states(backend, inputs)
     first_row = np.cumsum([0] + [len(w.rows) for w in works])[:-1]
-
-    def trimmed(row: int) -> tuple[np.ndarray, np.ndarray]:
-        n = int(mask[row].sum())  # right padding: the real tokens are the first n
-        return states[row, :n], mask[row, :n]
 
     by_task: dict[str, list[int]] = defaultdict(list)
     for i, work in enumerate(works):
@@ -83,15 +104,16 @@ def run_batch(backend: Backend, works: Sequence[Work], inputs: dict[str, np.ndar
     for task, members in by_task.items():
         rows = [int(first_row[i]) for i in members]
         if task == EMBED:
-            results: Sequence[object] = list(pool_embeddings(states[rows], mask[rows], pooling))
+            results: Sequence[object] = list(pool_embeddings(*encoded.host(rows), pooling))
         elif task in PAIR_TASKS:
-            states_a, mask_a = pad_states([trimmed(r) for r in rows])
-            states_b, mask_b = pad_states([trimmed(r + 1) for r in rows])
+            states_a, mask_a = encoded.select(rows)
+            states_b, mask_b = encoded.select([r + 1 for r in rows])
             head = backend.head(task, {"states_a": states_a, "mask_a": mask_a, "states_b": states_b, "mask_b": mask_b})
             results = [float(x) for x in np.asarray(head[0]).reshape(-1)]
         elif task == "qa":
             window_rows = [r + k for i, r in zip(members, rows, strict=True) for k in range(len(works[i].rows))]
-            start, end = backend.head("qa", {"states": states[window_rows], "mask": mask[window_rows]})
+            states, mask = encoded.select(window_rows)
+            start, end = backend.head("qa", {"states": states, "mask": mask})
             results, k = [], 0
             for i in members:
                 lengths = [len(w.input_ids) for w in works[i].rows]
@@ -99,8 +121,7 @@ def run_batch(backend: Backend, works: Sequence[Work], inputs: dict[str, np.ndar
                                 [end[k + j, :n] for j, n in enumerate(lengths)]))
                 k += len(lengths)
         else:  # a sentence head (sentiment)
-            results = list(backend.head(task, dict(zip(("states", "mask"), pad_states([trimmed(r) for r in rows]),
-                                                       strict=True)))[0])
+            results = list(backend.head(task, dict(zip(("states", "mask"), encoded.select(rows), strict=True)))[0])
         for i, result in zip(members, results, strict=True):
             outputs[i] = result
     return outputs

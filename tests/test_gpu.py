@@ -93,6 +93,29 @@ def test_onnxruntime_cuda_backend_matches_cpu(tmp_path, tiny_artifact, sparsegen
 
 @pytest.mark.gpu
 @cuda
+@pytest.mark.skipif(not _has_ort_cuda(), reason="onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)")
+def test_onnxruntime_cuda_keeps_the_states_on_the_gpu_between_encoder_and_heads(tiny_artifact):
+    import onnxruntime as ort
+
+    from bertzoo.serving.backends import OnnxRuntimeBackend
+    from bertzoo.serving.engine import HostStates
+
+    _, artifact = tiny_artifact
+    candidate = OnnxRuntimeBackend(artifact, device="cuda")
+    assert candidate.resident_states  # the default on cuda
+    inputs = batch(4, 24)
+    states, mask = candidate.encode_resident(inputs).select([2, 0])
+    assert isinstance(states, ort.OrtValue) and states.device_name().lower() == "cuda"
+    want, want_mask = HostStates(OnnxRuntimeBackend(artifact).encode(inputs), inputs["attention_mask"]).select([2, 0])
+    np.testing.assert_array_equal(mask, want_mask)
+    np.testing.assert_allclose(states.numpy(), want, atol=1e-4)
+    np.testing.assert_allclose(candidate.head("sentiment", {"states": states, "mask": mask})[0],
+                               OnnxRuntimeBackend(artifact).head("sentiment", {"states": want, "mask": want_mask})[0],
+                               atol=1e-4)
+
+
+@pytest.mark.gpu
+@cuda
 def test_serve_on_cuda_reports_device_and_precision(tiny_artifact):
     from bertzoo.serving.client import BertzooClient
     from bertzoo.serving.grpc_server import ServerThread
