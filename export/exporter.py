@@ -151,6 +151,8 @@ def _export_into(work: Path, out: Path, model, train_config: TrainConfig, tokeni
         ssaf = enc.attention == "sparsegen_lin"
         engine = work / graphs["encoder"]["files"]["tensorrt_fp16"] if options.trt and not ssaf else None
         files = {k: v["files"].get("optimized", v["files"]["fp32"]) for k, v in graphs.items()}
+        if "int8" in graphs["encoder"]["files"]:
+            files["encoder_int8"] = graphs["encoder"]["files"]["int8"]
         reports["triton"] = triton_repo.write_repository(work, files, engine=engine)
 
     sentiment = task_spec("sentiment", train_config.sentiment_dataset)

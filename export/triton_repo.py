@@ -4,9 +4,14 @@ Layout (https://docs.nvidia.com/deeplearning/triton-inference-server/user-guide/
 
     triton/
       bertzoo_encoder/config.pbtxt, 1/model.onnx   (or 1/model.plan with the tensorrt backend)
+      bertzoo_encoder_int8/config.pbtxt, 1/model.onnx   (with --int8: the same inputs and outputs)
       bertzoo_head_<task>/config.pbtxt, 1/model.onnx
 
-Each model gets dynamic batching (no added queue delay by default, like our own batcher) and an instance group.
+Each model gets dynamic batching (no added queue delay by default, like our own batcher) and an instance group. Every
+graph's first axis is its batch axis, which Triton's dims leave out; the other axes are -1 where the graph's are
+symbolic (sequence length: a client sends each batch padded to its own longest sequence, or to a length bucket). A
+per-item scalar (the paraphrase and similarity heads' output) is declared ``dims: [ 1 ]`` with ``reshape: { shape:
+[ ] }``, since Triton refuses empty dims.
 Tokenization and post-processing stay in the client (``bertzoo.tasks`` is torch-free and pip-installable), which is
 how Triton is usually fronted for encoders. An SSAF encoder runs on Triton's onnxruntime backend through the
 SparsegenLin function body the graph carries; for our much faster native kernel, build it on the Triton host
@@ -34,8 +39,13 @@ def _tensor_entries(values, skip_batch: bool) -> list[str]:
     for v in values:
         t = v.type.tensor_type
         dims = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim]
-        dims = dims[1:] if skip_batch else dims  # with max_batch_size > 0, Triton's dims leave out the batch axis
-        entries.append(f'  {{ name: "{v.name}", data_type: {_ONNX_TO_TRITON[t.elem_type]}, dims: {dims} }}')
+        if skip_batch:  # with max_batch_size > 0, Triton's dims leave out the batch axis
+            if not dims or dims[0] != -1:
+                raise ValueError(f"{v.name}: the first axis must be a symbolic batch axis for Triton's dynamic "
+                                 f"batching, got shape {dims}")
+            dims = dims[1:]
+        shape = f"dims: {dims}" if dims else "dims: [1], reshape: { shape: [] }"
+        entries.append(f'  {{ name: "{v.name}", data_type: {_ONNX_TO_TRITON[t.elem_type]}, {shape} }}')
     return entries
 
 
@@ -63,15 +73,15 @@ def _place(src: Path, dst: Path) -> None:
 
 def write_repository(artifact_dir: Path, graphs: dict[str, str], engine: Path | None = None, max_batch_size: int = 64,
                      instances: int = 1, gpu: bool = False, max_queue_delay_us: int = 0) -> dict[str, str]:
-    """Write ``artifact_dir/triton``; ``graphs`` maps "encoder" and task names to ONNX files in ``artifact_dir``.
-    With ``engine`` the encoder uses the tensorrt backend (the SparsegenLin plugin must then be loaded into Triton,
-    see README). Returns {triton model name: backend}."""
+    """Write ``artifact_dir/triton``; ``graphs`` maps "encoder" (and "encoder_<variant>", e.g. "encoder_int8") and the
+    task names to ONNX files in ``artifact_dir``. With ``engine`` the encoder uses the tensorrt backend (the
+    SparsegenLin plugin must then be loaded into Triton, see README). Returns {triton model name: backend}."""
     root = artifact_dir / "triton"
     shutil.rmtree(root, ignore_errors=True)
     kind = "KIND_GPU" if gpu or engine is not None else "KIND_CPU"
     written = {}
     for key, file in graphs.items():
-        name = "bertzoo_encoder" if key == "encoder" else f"bertzoo_head_{key}"
+        name = f"bertzoo_{key}" if key.startswith("encoder") else f"bertzoo_head_{key}"
         graph = onnx.load(str(artifact_dir / file), load_external_data=False)
         if key == "encoder" and engine is not None:
             backend = "tensorrt"

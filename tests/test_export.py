@@ -118,19 +118,53 @@ def test_manifest_records_files_parity_and_refuses_a_tampered_file(exported, tmp
         load_manifest(copy)
 
 
-def test_triton_repository_layout(exported):
+def triton_model_config():
+    """Triton's own ModelConfig message (tritonclient ships the generated module; loaded by path, because
+    ``tritonclient.grpc`` itself wants its gRPC extra, whose protobuf pin is older than ours)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("tritonclient")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("tritonclient is not installed (pip install 'bertzoo[test]')")
+    path = Path(next(iter(spec.submodule_search_locations))) / "grpc" / "model_config_pb2.py"
+    module_spec = importlib.util.spec_from_file_location("triton_model_config_pb2", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+TRITON_TYPES = {onnx.TensorProto.FLOAT: "TYPE_FP32", onnx.TensorProto.INT64: "TYPE_INT64"}
+
+
+def test_triton_repository_passes_the_rules_of_tritons_loader(exported):
+    from google.protobuf import text_format
+
+    mc = triton_model_config()
     _, _, artifact = exported
     root = artifact / "triton"
     names = sorted(p.name for p in root.iterdir())
-    assert names == ["bertzoo_encoder", "bertzoo_head_paraphrase", "bertzoo_head_qa", "bertzoo_head_sentiment",
-                     "bertzoo_head_similarity"]
+    assert names == ["bertzoo_encoder", "bertzoo_encoder_int8", "bertzoo_head_paraphrase", "bertzoo_head_qa",
+                     "bertzoo_head_sentiment", "bertzoo_head_similarity"]
     for name in names:
-        config = (root / name / "config.pbtxt").read_text()
-        assert f'name: "{name}"' in config and 'backend: "onnxruntime"' in config
-        assert "dynamic_batching" in config and "instance_group" in config
-        assert (root / name / "1" / "model.onnx").is_file()
-    assert 'name: "last_hidden_state", data_type: TYPE_FP32, dims: [-1, 32]' in (root / "bertzoo_encoder" /
-                                                                              "config.pbtxt").read_text()
+        config = text_format.Parse((root / name / "config.pbtxt").read_text(), mc.ModelConfig())
+        assert config.name == name and config.backend == "onnxruntime"
+        assert config.max_batch_size > 0 and config.HasField("dynamic_batching") and config.instance_group
+        graph = onnx.load(str(root / name / "1" / "model.onnx"), load_external_data=False)
+        for declared, actual in ((config.input, graph.graph.input), (config.output, graph.graph.output)):
+            assert [t.name for t in declared] == [v.name for v in actual], name
+            for tensor, value in zip(declared, actual, strict=True):
+                where = f"{name}/{tensor.name}"
+                # Triton refuses empty dims and any dim other than -1 or >= 1.
+                assert tensor.dims and all(d == -1 or d >= 1 for d in tensor.dims), where
+                shape = [d.dim_value if d.HasField("dim_value") else -1 for d in value.type.tensor_type.shape.dim]
+                assert shape[0] == -1, where  # the batch axis Triton's dynamic batcher fills
+                model_dims = list(tensor.reshape.shape) if tensor.HasField("reshape") else list(tensor.dims)
+                if tensor.HasField("reshape"):  # a reshape keeps the element count
+                    assert np.prod(tensor.dims) == np.prod(model_dims or [1]), where
+                assert model_dims == shape[1:], where  # rank and fixed sizes match the graph
+                assert mc.DataType.Name(tensor.data_type) == TRITON_TYPES[value.type.tensor_type.elem_type], where
+    scalar = text_format.Parse((root / "bertzoo_head_similarity" / "config.pbtxt").read_text(), mc.ModelConfig())
+    assert list(scalar.output[0].dims) == [1] and list(scalar.output[0].reshape.shape) == []
 
 
 def test_served_predictions_equal_torch_predictions(exported):
