@@ -363,6 +363,9 @@ def _serve_option(*decls: str, name: str, **kwargs):
 @_serve_option("--max-items", name="max_items", type=int, help="Items per request.")
 @_serve_option("--max-text-chars", name="max_text_chars", type=int,
                help="Characters per text, QA contexts included; longer texts are rejected.")
+@_serve_option("--max-message-bytes", name="max_message_bytes", type=int,
+               help="Bytes per request message; larger ones are answered RESOURCE_EXHAUSTED and counted [default: "
+                    "room for --max-items pairs of --max-text-chars 4-byte characters].")
 @_serve_option("--overlong", name="overlong", type=click.Choice(["truncate", "reject"]),
                help="A sentence over the model's max_seq_length tokens (or a question over qa_max_question_tokens): "
                     "truncate it as training did, or reject the request with INVALID_ARGUMENT.")

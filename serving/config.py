@@ -56,6 +56,9 @@ class ServeConfig:
     metrics_port: int = 9400  # 0: no metrics endpoint
     max_items: int = 64  # items per request
     max_text_chars: int = 20000  # characters per text (QA contexts included); longer is always rejected
+    # Bytes per request message; None: room for max_items items of two texts of max_text_chars 4-byte characters
+    # (gRPC's own default, 4 MiB, refused 64 long texts before bertzoo saw them, and uncounted).
+    max_message_bytes: int | None = None
     overlong: str = "truncate"  # a text over its token limit: "truncate" (as in training) or "reject"
     batch: BatchSettings = field(default_factory=BatchSettings)
     tls_cert: str | None = None  # PEM certificate chain; with tls_key, the server speaks TLS only
@@ -88,6 +91,8 @@ class ServeConfig:
                 raise ValueError(f"TLS file not found: {path}")
         if self.auth_token is not None and not self.auth_token.strip():
             raise ValueError("auth_token is empty; leave it unset to turn authentication off")
+        if self.max_message_bytes is not None and self.max_message_bytes < 1024:
+            raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
         for name in ("max_items", "max_text_chars", "tokenize_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -98,6 +103,13 @@ class ServeConfig:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.shutdown_grace < 0:
             raise ValueError(f"shutdown_grace must be >= 0, got {self.shutdown_grace}")
+
+    @property
+    def message_limit(self) -> int:
+        """The request size the server accepts, in bytes (protobuf framing adds a few bytes per text: 64 KiB slack)."""
+        if self.max_message_bytes is not None:
+            return self.max_message_bytes
+        return 2 * self.max_items * self.max_text_chars * 4 + (1 << 16)
 
     @property
     def resolved_precision(self) -> str:

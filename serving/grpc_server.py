@@ -76,9 +76,12 @@ class BertzooServer:
         interceptors: list[grpc.aio.ServerInterceptor] = []
         if config.auth_token:
             interceptors.append(BearerTokenInterceptor(config.auth_token, OPEN_METHODS, self._count_refused))
-        interceptors.append(MalformedRequestInterceptor(SERVICE_NAME, self._count_refused))
-        # SO_REUSEPORT off: a second server on a busy port must fail, not silently share it.
-        server = grpc.aio.server(interceptors=interceptors, options=[("grpc.so_reuseport", 0)])
+        interceptors.append(MalformedRequestInterceptor(SERVICE_NAME, self._count_refused, config.message_limit))
+        # SO_REUSEPORT off: a second server on a busy port must fail, not silently share it. gRPC's own receive limit
+        # sits above ours, so a request over ours reaches the interceptor, which answers and counts it; gRPC itself
+        # refuses (uncounted) only what is more than 4 times over, without buffering it.
+        server = grpc.aio.server(interceptors=interceptors, options=[
+            ("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 4 * config.message_limit)])
         servicer = BertzooServicer(lambda: self._service, config, self.metrics, runtime_versions(config.backend))
         pb2_grpc.add_BertzooServicer_to_server(servicer, server)
         self._health = health.aio.HealthServicer()

@@ -3,8 +3,9 @@
 - :class:`BearerTokenInterceptor`: a call must carry ``authorization: Bearer <token>`` metadata, or it is answered
   UNAUTHENTICATED. Some methods (health checks, for load balancers and orchestrators that cannot send a token) can
   stay open.
-- :class:`MalformedRequestInterceptor`: request bytes that are not a valid message are answered INVALID_ARGUMENT.
-  Left to gRPC, they would be UNKNOWN and log a traceback per request.
+- :class:`MalformedRequestInterceptor`: request bytes that are not a valid message are answered INVALID_ARGUMENT
+  (left to gRPC, they would be UNKNOWN and log a traceback per request), and a request over the size limit
+  RESOURCE_EXHAUSTED, naming the limit (left to gRPC, it would never be counted).
 
 ``on_reject(method, code, reason)`` lets the server count refused calls in its metrics.
 """
@@ -67,10 +68,11 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
 
 
 class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, service: str, on_reject: OnReject | None = None) -> None:
+    def __init__(self, service: str, on_reject: OnReject | None = None, max_bytes: int | None = None) -> None:
         """Guards the unary methods of ``service`` (a full name, ``bertzoo.v1.Bertzoo``)."""
         self._prefix = f"/{service}/"
         self._on_reject = on_reject
+        self._max_bytes = max_bytes
 
     async def intercept_service(self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
                                 ) -> grpc.RpcMethodHandler:
@@ -79,10 +81,17 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
         if (handler is None or not method.startswith(self._prefix) or handler.request_streaming
                 or handler.response_streaming or handler.request_deserializer is None):
             return handler
-        parse, behavior, on_reject = handler.request_deserializer, handler.unary_unary, self._on_reject
+        parse, behavior, on_reject, max_bytes = (handler.request_deserializer, handler.unary_unary, self._on_reject,
+                                                  self._max_bytes)
 
         # The handler now gets raw bytes and parses them itself, where a failure can become a proper status.
         async def parse_then_handle(raw: bytes, context: grpc.aio.ServicerContext):
+            if max_bytes is not None and len(raw) > max_bytes:
+                if on_reject is not None:
+                    on_reject(method, grpc.StatusCode.RESOURCE_EXHAUSTED, "message_too_large")
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                     f"the request is {len(raw)} bytes, over the server's limit of {max_bytes} "
+                                     "(--max-message-bytes); send fewer or shorter texts per request")
             try:
                 request = parse(raw)
             except DecodeError as e:

@@ -12,9 +12,21 @@ from __future__ import annotations
 import logging
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    ProcessCollector,
+    disable_created_metrics,
+    start_http_server,
+)
 
 log = logging.getLogger("bertzoo.serving")
+# No `*_created` timestamp series next to every counter and histogram: Prometheus does not use them, and they double
+# the series a dashboard query has to skip.
+disable_created_metrics()
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -50,6 +62,8 @@ class Metrics:
         # and alerts can tell a GPU replica from a CPU one, or an int8 one from fp32.
         self.build_info = Info("bertzoo_build", "What this server runs: backend, device, precision, variant, version.",
                                registry=r)
+        # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ... of this server (Linux).
+        ProcessCollector(registry=r)
         self._http: WSGIServer | None = None
 
     def record_request(self, task: str, code: str, reason: str, seconds: float) -> None:

@@ -193,6 +193,28 @@ def test_metrics_endpoint_serves_the_histograms_gauges_and_counters(served):
     assert samples[("bertzoo_requests_total", (("code", "OK"), ("task", "sentiment")))] >= 1
     assert samples[("bertzoo_request_failures_total",
                     (("code", "INVALID_ARGUMENT"), ("reason", "empty_text"), ("task", "sentiment")))] >= 1
+    assert samples[("process_resident_memory_bytes", ())] > 0 and ("process_open_fds", ()) in samples
+    assert not re.search(r"_created\b", text)  # no timestamp series next to every counter and histogram
+
+
+def test_the_largest_allowed_request_passes_and_a_larger_one_is_refused_and_counted(served, tiny_artifact):
+    _, client, _ = served
+    # 64 texts of 20,000 4-byte characters (5.1 MB): over gRPC's 4 MiB default, within the server's default limit.
+    widest = ["\U0001F600" * 20000] * 64
+    assert len(client.embed(widest).embeddings) == 64
+    _, artifact = tiny_artifact
+    metrics_port = free_port()
+    with ServerThread(serve_config(artifact, max_message_bytes=4096, metrics_port=metrics_port)) as running, \
+            BertzooClient(f"127.0.0.1:{running.port}", timeout=30) as small:
+        with pytest.raises(grpc.RpcError) as error:
+            small.sentiment(["x" * 5000])
+        assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "over the server's limit of 4096 (--max-message-bytes)" in error.value.details()
+        assert small.sentiment(["short enough"]).results
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+    assert re.search(r'^bertzoo_request_failures_total{code="RESOURCE_EXHAUSTED",reason="message_too_large",'
+                     r'task="sentiment"} 1\.0$', text, re.M)
 
 
 @pytest.fixture(scope="module")
