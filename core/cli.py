@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -382,6 +383,8 @@ def _serve_option(*decls: str, name: str, **kwargs):
 @_serve_option("--tls-cert", name="tls_cert", type=click.Path(exists=True, dir_okay=False),
                help="PEM certificate (chain); with --tls-key the server speaks TLS only.")
 @_serve_option("--tls-key", name="tls_key", type=click.Path(exists=True, dir_okay=False), help="PEM private key.")
+@_serve_option("--tls-client-ca", name="tls_client_ca", type=click.Path(exists=True, dir_okay=False),
+               help="PEM CA bundle: require a client certificate it signed (mTLS).")
 @_serve_option("--auth-token", name="auth_token",
                help="Require 'authorization: Bearer <token>' on every call but health checks. Prefer the environment "
                     "variable or --auth-token-file: a command line is visible to other users.")
@@ -421,14 +424,34 @@ def serve(auth_token_file: str | None, max_batch_size: int, max_batch_tokens: in
 
 
 def _client_options(command):
-    command = click.option("--target", default="localhost:50051", envvar="BERTZOO_TARGET", show_envvar=True,
-                           help="Server address, host:port.")(command)
-    command = click.option("--token", envvar="BERTZOO_AUTH_TOKEN", show_envvar=True,
-                           help="Bearer token, if the server wants one.")(command)
-    command = click.option("--tls", is_flag=True, help="Connect with TLS (system root certificates).")(command)
-    command = click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False),
-                           help="Connect with TLS, trusting this PEM certificate (implies --tls).")(command)
-    return click.option("--timeout", type=float, default=30.0, help="Deadline per call, seconds.")(command)
+    """The connection options of the commands that call a server, handed to the command as one ``connection`` dict
+    of BertzooClient's keyword arguments (and ``timeout``)."""
+
+    @functools.wraps(command)
+    def with_connection(*args, target: str, token: str | None, tls: bool, tls_ca: str | None,
+                        tls_client_cert: str | None, tls_client_key: str | None, **kwargs):
+        if (tls_client_cert is None) != (tls_client_key is None):
+            raise click.UsageError("--tls-client-cert and --tls-client-key go together")
+        connection = {"target": target, "token": token, "tls": tls or tls_client_cert is not None,
+                      "root_certificates": tls_ca, "certificate_chain": tls_client_cert, "private_key": tls_client_key}
+        return command(*args, connection=connection, **kwargs)
+
+    pem = click.Path(exists=True, dir_okay=False)
+    for decorator in (
+        click.option("--target", default="localhost:50051", envvar="BERTZOO_TARGET", show_envvar=True,
+                     help="Server address, host:port."),
+        click.option("--token", envvar="BERTZOO_AUTH_TOKEN", show_envvar=True,
+                     help="Bearer token, if the server wants one."),
+        click.option("--tls", is_flag=True, help="Connect with TLS (system root certificates)."),
+        click.option("--tls-ca", type=pem, help="Connect with TLS, trusting this PEM certificate (implies --tls)."),
+        click.option("--tls-client-cert", type=pem, envvar="BERTZOO_TLS_CLIENT_CERT", show_envvar=True,
+                     help="PEM client certificate, for servers that require one (mTLS; implies --tls)."),
+        click.option("--tls-client-key", type=pem, envvar="BERTZOO_TLS_CLIENT_KEY", show_envvar=True,
+                     help="PEM private key of --tls-client-cert."),
+        click.option("--timeout", type=float, default=30.0, help="Deadline per call, seconds."),
+    ):
+        with_connection = decorator(with_connection)
+    return with_connection
 
 
 @main.command("client")
@@ -438,8 +461,8 @@ def _client_options(command):
 @click.option("--service", default="", help="health: the service to check (bertzoo.v1.Bertzoo); '' is the server.")
 @click.option("--wait", type=float, default=0.0,
               help="health: check again until SERVING or this many seconds have passed (0: check once).")
-def client_command(task: str, texts: tuple[str, ...], target: str, token: str | None, tls: bool, tls_ca: str | None,
-                   timeout: float, service: str, wait: float) -> None:
+def client_command(task: str, texts: tuple[str, ...], connection: dict, timeout: float, service: str,
+                   wait: float) -> None:
     """Call a bertzoo server and print the answer as JSON. sentiment / embed: TEXT...; paraphrase / similarity:
     TEXT_A TEXT_B [TEXT_A TEXT_B ...]; qa: QUESTION CONTEXT; info; health.
 
@@ -454,12 +477,12 @@ def client_command(task: str, texts: tuple[str, ...], target: str, token: str | 
     if task == "health":
         if wait < 0:
             raise click.UsageError("--wait must be >= 0")
-        with BertzooClient(target, token=token, tls=tls, root_certificates=tls_ca, timeout=timeout) as client:
+        with BertzooClient(**connection, timeout=timeout) as client:
             code, what = wait_for_health(client, service, wait=wait, timeout=min(timeout, 5.0) if wait else timeout)
         if code == HEALTH_SERVING:
             click.echo(json.dumps({"status": what}))
         else:
-            click.echo(f"{target}: {what}", err=True)
+            click.echo(f"{connection['target']}: {what}", err=True)
         sys.exit(code)
 
     pairs = list(zip(texts[::2], texts[1::2], strict=False))
@@ -469,7 +492,7 @@ def client_command(task: str, texts: tuple[str, ...], target: str, token: str | 
         raise click.UsageError(f"{task} takes TEXT_A TEXT_B pairs, got {len(texts)} texts")
     if task == "qa" and len(texts) != 2:
         raise click.UsageError(f"qa takes QUESTION CONTEXT, got {len(texts)} texts")
-    with BertzooClient(target, token=token, tls=tls, root_certificates=tls_ca, timeout=timeout) as client:
+    with BertzooClient(**connection, timeout=timeout) as client:
         try:
             calls = {"sentiment": lambda: client.sentiment(texts), "embed": lambda: client.embed(texts),
                      "paraphrase": lambda: client.paraphrase(pairs), "similarity": lambda: client.similarity(pairs),
@@ -493,8 +516,7 @@ def client_command(task: str, texts: tuple[str, ...], target: str, token: str | 
 @click.option("--json-out", type=click.Path(dir_okay=False), default=None, help="Also write the summary as JSON.")
 @_client_options
 def bench_serve(task: str, data: str | None, concurrency: int, duration: float, request_count: int | None, items: int,
-                json_out: str | None, target: str, token: str | None, tls: bool, tls_ca: str | None,
-                timeout: float) -> None:
+                json_out: str | None, connection: dict, timeout: float) -> None:
     """Load-test a running server: N concurrent clients with real sentences; throughput, p50/p95/p99, errors."""
     import asyncio
 
@@ -504,15 +526,14 @@ def bench_serve(task: str, data: str | None, concurrency: int, duration: float, 
     if concurrency < 1 or items < 1:
         raise click.UsageError("--concurrency and --items must be >= 1")
     inputs = load_items(task, data)
-    with BertzooClient(target, token=token, tls=tls, root_certificates=tls_ca) as client:
+    with BertzooClient(**connection) as client:
         try:
             client.wait_ready(timeout=timeout)
         except TimeoutError as e:
             raise click.ClickException(str(e)) from e
-    report = asyncio.run(run_load(target, task, inputs, concurrency=concurrency,
+    report = asyncio.run(run_load(connection, task, inputs, concurrency=concurrency,
                                   duration=None if request_count else duration, requests=request_count,
-                                  items_per_request=items, timeout=timeout, token=token, tls=tls,
-                                  root_certificates=tls_ca, progress=True))
+                                  items_per_request=items, timeout=timeout, progress=True))
     summary = report.summary()
     click.echo(format_report(summary))
     if json_out:

@@ -1,16 +1,24 @@
-"""A small synchronous Python client for the bertzoo gRPC server (``bertzoo client`` uses it)::
+"""Python clients for the bertzoo gRPC server, synchronous (``bertzoo client`` uses it) and asyncio::
 
     with BertzooClient("localhost:50051") as client:
         client.wait_ready()
         response = client.sentiment(["a lovely film", "a dull film"])
         print([r.label for r in response.results], response.timing.total_seconds)
 
+    async with AsyncBertzooClient("localhost:50051") as client:
+        await client.wait_ready()
+        response = await client.sentiment(["a lovely film"])
+
 Methods return the protobuf responses of protos/bertzoo/v1/bertzoo.proto; errors raise ``grpc.RpcError`` with the
-server's status code and message (``error.code()``, ``error.details()``).
+server's status code and message (``error.code()``, ``error.details()``). Channels get :func:`channel_options`:
+gRPC's own retries with backoff for UNAVAILABLE and RESOURCE_EXHAUSTED (a restarting replica, a full queue),
+keepalive pings, and no 4 MiB cap on what is sent. TLS can carry a client certificate (mTLS).
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,16 +28,46 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from .proto import pb2, pb2_grpc
 
+PemSource = bytes | str | Path | None
 
-def channel_credentials(tls: bool = False, root_certificates: bytes | str | Path | None = None
-                        ) -> grpc.ChannelCredentials | None:
-    """TLS credentials (``root_certificates``: a PEM file or its bytes; None: the system's roots), or None for a
-    plaintext channel."""
-    if not tls and root_certificates is None:
+# gRPC retries a call itself (transparently to the caller, within its deadline) when the server answers UNAVAILABLE
+# (a replica starting or draining) or RESOURCE_EXHAUSTED (its queue full), with exponential backoff and jitter.
+# Health checks are not retried: a probe must report what it saw.
+RETRY_SERVICE_CONFIG = {"methodConfig": [{
+    "name": [{"service": "bertzoo.v1.Bertzoo"}],
+    "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "2s", "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE", "RESOURCE_EXHAUSTED"]},
+}]}
+
+
+def channel_options(retries: bool = True, keepalive_seconds: float = 30.0) -> list[tuple[str, object]]:
+    """Options of every client channel. Keepalive pings every ``keepalive_seconds`` keep an idle connection open
+    through NATs and load balancers (the server accepts pings that often); 0 turns them off."""
+    options: list[tuple[str, object]] = [("grpc.max_send_message_length", -1),
+                                         ("grpc.max_receive_message_length", 64 << 20),
+                                         ("grpc.enable_retries", int(retries))]
+    if retries:
+        options.append(("grpc.service_config", json.dumps(RETRY_SERVICE_CONFIG)))
+    if keepalive_seconds:
+        options += [("grpc.keepalive_time_ms", int(keepalive_seconds * 1000)), ("grpc.keepalive_timeout_ms", 10000),
+                    ("grpc.keepalive_permit_without_calls", 1)]
+    return options
+
+
+def _pem(source: PemSource) -> bytes | None:
+    return Path(source).read_bytes() if isinstance(source, (str, Path)) else source
+
+
+def channel_credentials(tls: bool = False, root_certificates: PemSource = None, certificate_chain: PemSource = None,
+                        private_key: PemSource = None) -> grpc.ChannelCredentials | None:
+    """TLS credentials (``root_certificates``: a PEM file or its bytes; None: the system's roots), with a client
+    certificate and key for mTLS; None for a plaintext channel."""
+    if not tls and root_certificates is None and certificate_chain is None:
         return None
-    if isinstance(root_certificates, (str, Path)):
-        root_certificates = Path(root_certificates).read_bytes()
-    return grpc.ssl_channel_credentials(root_certificates=root_certificates)
+    if (certificate_chain is None) != (private_key is None):
+        raise ValueError("a client certificate needs its private key, and a key its certificate")
+    return grpc.ssl_channel_credentials(root_certificates=_pem(root_certificates), private_key=_pem(private_key),
+                                        certificate_chain=_pem(certificate_chain))
 
 
 def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
@@ -37,20 +75,36 @@ def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
 
 
 class BertzooClient:
+    """The synchronous client: each method returns the response."""
+
     def __init__(self, target: str, *, token: str | None = None, tls: bool = False,
-                 root_certificates: bytes | str | Path | None = None, timeout: float | None = 30.0) -> None:
-        """``target``: host:port. ``token``: sent as ``authorization: Bearer <token>``. ``timeout``: the default
-        deadline of every call, in seconds (None: no deadline)."""
-        credentials = channel_credentials(tls, root_certificates)
-        self.channel = (grpc.secure_channel(target, credentials) if credentials is not None
-                        else grpc.insecure_channel(target))
+                 root_certificates: PemSource = None, certificate_chain: PemSource = None,
+                 private_key: PemSource = None, timeout: float | None = 30.0,
+                 options: Sequence[tuple[str, object]] | None = None) -> None:
+        """``target``: host:port. ``token``: sent as ``authorization: Bearer <token>``. ``certificate_chain`` and
+        ``private_key``: the client's certificate for servers that require one (mTLS). ``timeout``: the default
+        deadline of every call, in seconds (None: no deadline). ``options``: gRPC channel options (default:
+        :func:`channel_options`)."""
+        credentials = channel_credentials(tls, root_certificates, certificate_chain, private_key)
+        options = list(channel_options() if options is None else options)
+        self.channel = self._channel(target, credentials, options)
         self.stub = pb2_grpc.BertzooStub(self.channel)
         self._health = health_pb2_grpc.HealthStub(self.channel)
         self._metadata = auth_metadata(token)
         self.timeout = timeout
 
+    @staticmethod
+    def _channel(target: str, credentials: grpc.ChannelCredentials | None, options: list):
+        if credentials is None:
+            return grpc.insecure_channel(target, options=options)
+        return grpc.secure_channel(target, credentials, options=options)
+
     def _call(self, method, request, timeout: float | None):
         return method(request, timeout=self.timeout if timeout is None else timeout, metadata=self._metadata)
+
+    def call(self, method: str, request, timeout: float | None = None):
+        """Any RPC of bertzoo.v1.Bertzoo by name (``"Sentiment"``), with this client's token and deadline."""
+        return self._call(getattr(self.stub, method), request, timeout)
 
     def sentiment(self, texts: Sequence[str], timeout: float | None = None) -> pb2.SentimentResponse:
         return self._call(self.stub.Sentiment, pb2.SentimentRequest(texts=texts), timeout)
@@ -102,6 +156,43 @@ class BertzooClient:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class AsyncBertzooClient(BertzooClient):
+    """The asyncio client: the same methods (``sentiment``, ``qa``, ``embed``, ...) return awaitables."""
+
+    @staticmethod
+    def _channel(target: str, credentials: grpc.ChannelCredentials | None, options: list):
+        if credentials is None:
+            return grpc.aio.insecure_channel(target, options=options)
+        return grpc.aio.secure_channel(target, credentials, options=options)
+
+    async def health(self, service: str = "", timeout: float | None = None) -> str:  # type: ignore[override]
+        response = await self._health.Check(health_pb2.HealthCheckRequest(service=service),
+                                            timeout=self.timeout if timeout is None else timeout)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    async def wait_ready(self, timeout: float = 60.0, interval: float = 0.1) -> None:  # type: ignore[override]
+        deadline = time.monotonic() + timeout
+        last = "no answer"
+        while time.monotonic() < deadline:
+            try:
+                last = await self.health(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+                if last == "SERVING":
+                    return
+            except grpc.RpcError as e:
+                last = e.code().name
+            await asyncio.sleep(interval)
+        raise TimeoutError(f"the server was not SERVING after {timeout} s (last: {last})")
+
+    async def close(self) -> None:  # type: ignore[override]
+        await self.channel.close()
+
+    async def __aenter__(self) -> AsyncBertzooClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
 
 
 # Exit codes of `bertzoo client health`, as grpc_health_probe's where it has one (2, 3, 4), so scripts written for

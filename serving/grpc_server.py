@@ -80,8 +80,10 @@ class BertzooServer:
         # SO_REUSEPORT off: a second server on a busy port must fail, not silently share it. gRPC's own receive limit
         # sits above ours, so a request over ours reaches the interceptor, which answers and counts it; gRPC itself
         # refuses (uncounted) only what is more than 4 times over, without buffering it.
+        # Clients' keepalive pings (every 30 s by default, serving/client.py) are welcome, even between calls.
         server = grpc.aio.server(interceptors=interceptors, options=[
-            ("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 4 * config.message_limit)])
+            ("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 4 * config.message_limit),
+            ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.min_recv_ping_interval_without_data_ms", 10000)])
         servicer = BertzooServicer(lambda: self._service, config, self.metrics, runtime_versions(config.backend))
         pb2_grpc.add_BertzooServicer_to_server(servicer, server)
         self._health = health.aio.HealthServicer()
@@ -91,8 +93,10 @@ class BertzooServer:
         try:
             if config.tls:
                 assert config.tls_cert is not None and config.tls_key is not None
-                credentials = grpc.ssl_server_credentials([(Path(config.tls_key).read_bytes(),
-                                                            Path(config.tls_cert).read_bytes())])
+                client_ca = Path(config.tls_client_ca).read_bytes() if config.tls_client_ca else None
+                credentials = grpc.ssl_server_credentials(
+                    [(Path(config.tls_key).read_bytes(), Path(config.tls_cert).read_bytes())],
+                    root_certificates=client_ca, require_client_auth=client_ca is not None)
                 self.port = server.add_secure_port(address, credentials)
             else:
                 self.port = server.add_insecure_port(address)

@@ -20,8 +20,8 @@ import grpc
 import numpy as np
 from tqdm import tqdm
 
-from .client import auth_metadata, channel_credentials
-from .proto import pb2, pb2_grpc
+from .client import AsyncBertzooClient, channel_options
+from .proto import pb2
 
 LOAD_TASKS = ("sentiment", "paraphrase", "similarity", "qa", "embed")
 
@@ -86,17 +86,19 @@ class LoadReport:
         }
 
 
-async def run_load(target: str, task: str, items: Sequence, *, concurrency: int = 8, duration: float | None = 10.0,
-                   requests: int | None = None, items_per_request: int = 1, timeout: float = 30.0,
-                   token: str | None = None, tls: bool = False, root_certificates: str | Path | None = None,
-                   progress: bool = False) -> LoadReport:
+async def run_load(connection: str | dict, task: str, items: Sequence, *, concurrency: int = 8,
+                   duration: float | None = 10.0, requests: int | None = None, items_per_request: int = 1,
+                   timeout: float = 30.0, progress: bool = False) -> LoadReport:
     """Closed-loop load: ``concurrency`` clients until ``duration`` seconds passed or ``requests`` were sent.
-    ``progress``: a bar of answered requests (on a terminal)."""
+    ``connection``: host:port, or the keyword arguments of AsyncBertzooClient (target, token, TLS files); each client
+    has its own connection, without retries (a refusal is what the benchmark counts). ``progress``: a bar of answered
+    requests (on a terminal)."""
     if task not in LOAD_TASKS:
         raise ValueError(f"task must be one of {LOAD_TASKS}, got {task!r}")
     if duration is None and requests is None:
         raise ValueError("give a duration or a number of requests")
-    credentials, metadata = channel_credentials(tls, root_certificates), auth_metadata(token)
+    if isinstance(connection, str):
+        connection = {"target": connection}
     method = {"sentiment": "Sentiment", "paraphrase": "Paraphrase", "similarity": "Similarity", "qa": "QA",
               "embed": "Embed"}[task]
     source = itertools.cycle(items)
@@ -108,15 +110,13 @@ async def run_load(target: str, task: str, items: Sequence, *, concurrency: int 
                dynamic_ncols=True, mininterval=0.5)
 
     async def client() -> None:
-        channel = (grpc.aio.secure_channel(target, credentials) if credentials is not None
-                   else grpc.aio.insecure_channel(target))
-        call = getattr(pb2_grpc.BertzooStub(channel), method)
+        channel = AsyncBertzooClient(**connection, timeout=timeout, options=channel_options(retries=False))
         try:
             while (requests is None or next(sent) < requests) and (stop_at is None or time.perf_counter() < stop_at):
                 request = _request(task, [next(source) for _ in range(items_per_request)])
                 t0 = time.perf_counter()
                 try:
-                    await call(request, timeout=timeout, metadata=metadata)
+                    await channel.call(method, request)
                 except grpc.aio.AioRpcError as e:
                     report.codes[e.code().name] += 1
                 else:

@@ -10,7 +10,7 @@ import time
 import grpc
 import pytest
 
-from bertzoo.serving.client import BertzooClient
+from bertzoo.serving.client import BertzooClient, channel_options
 from bertzoo.serving.config import BatchSettings
 from bertzoo.serving.grpc_server import ServerThread
 from bertzoo.serving.model import load_served_model
@@ -57,7 +57,9 @@ def controlled_server(tiny_artifact):
         return served
 
     config = serve_config(artifact, batch=BatchSettings(max_queue=MAX_QUEUE))
-    with ServerThread(config, loader) as running, BertzooClient(f"127.0.0.1:{running.port}") as client:
+    # No client retries: these tests check what the server answers the first time.
+    with ServerThread(config, loader) as running, \
+            BertzooClient(f"127.0.0.1:{running.port}", options=channel_options(retries=False)) as client:
         yield running, client, backends[0]
 
 
