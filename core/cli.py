@@ -305,6 +305,8 @@ def predict(checkpoint: str, task: str, as_json: bool, texts: tuple[str, ...]) -
 @click.option("--per-channel/--per-tensor", default=True, help="int8 weight scales per output channel or per tensor.")
 @click.option("--trt", is_flag=True, help="Add a TensorRT fp16 engine (needs tensorrt and an NVIDIA GPU).")
 @click.option("--triton", is_flag=True, help="Add a Triton Inference Server model repository (triton/).")
+@click.option("--hf", is_flag=True, help="Add a Hugging Face model directory (hf/) that transformers and "
+              "sentence-transformers load, with the task heads beside it.")
 @click.option("--data", "data_dir", type=click.Path(exists=True, file_okay=False), default=None,
               help="Dev data for the task-level parity gates (default: the bundled samples).")
 @click.option("--parity-limit", type=int, default=200, help="Dev examples per task for the parity gates.")

@@ -12,6 +12,7 @@ done explicitly below.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -99,6 +100,23 @@ class Tokenizer:
         return cls(tok, source=path)
 
     @classmethod
+    def from_vocab(cls, path: str | os.PathLike[str], lowercase: bool = True) -> Tokenizer:
+        """A BERT WordPiece tokenizer built from a ``vocab.txt`` (a backbone directory without tokenizer.json): BERT's
+        normalizer (``lowercase`` for an uncased vocabulary) and pre-tokenizer, as transformers' BertTokenizerFast
+        builds it."""
+        from tokenizers import decoders, models, normalizers, pre_tokenizers
+
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"vocabulary file not found: {path}")
+        tok = _HFTokenizer(models.WordPiece.from_file(path, unk_token="[UNK]"))
+        tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None,
+                                                    lowercase=lowercase)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece()
+        return cls(tok, source=path)
+
+    @classmethod
     def from_str(cls, json_str: str) -> Tokenizer:
         """Inverse of :meth:`to_str`, for tokenizers carried inside checkpoints/artifacts."""
         try:
@@ -110,6 +128,16 @@ class Tokenizer:
     def tokens(self, ids: Sequence[int]) -> list[str]:
         """The vocabulary string of each id (for plots and debugging; not a detokenizer)."""
         return [self._tok.id_to_token(int(i)) or "[?]" for i in ids]
+
+    def vocab(self) -> dict[str, int]:
+        """Token -> id, special tokens included."""
+        return self._tok.get_vocab(with_added_tokens=True)
+
+    @property
+    def lowercase(self) -> bool:
+        """Whether the normalizer lowercases text (an uncased vocabulary)."""
+        normalizer = json.loads(self._tok.to_str()).get("normalizer") or {}
+        return bool(normalizer.get("lowercase", False))
 
     def to_str(self) -> str:
         # Serialized with truncation/padding off, so a reload behaves identically.

@@ -35,6 +35,7 @@ class ExportOptions:
     int8: bool = False
     trt: bool = False
     triton: bool = False
+    hf: bool = False  # a Hugging Face model directory, hf/ (export/hf.py)
     per_channel: bool = True
     data_dir: str | None = None  # dev data for the task-level parity gates (default: the bundled samples)
     parity_limit: int = 200  # dev examples per task for the parity gates
@@ -79,6 +80,11 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, options: ExportOp
         require_tensorrt()  # fail in a second with what to install, not after minutes of export
     model, saved, source = load_model(checkpoint)
     model = model.float().eval()
+    if options.hf and model.config.encoder.attention != "softmax":
+        from .hf import HFExportError
+
+        raise HFExportError(f"--hf: this encoder's attention is {model.config.encoder.attention}, which "
+                            "transformers' BertModel cannot compute; export it without --hf")
     train_config = TrainConfig.from_dict(saved["train"])
     tokenizer = Tokenizer.from_file(source / TOKENIZER)
     limits = train_config.limits
@@ -156,10 +162,16 @@ def _export_into(work: Path, out: Path, model, train_config: TrainConfig, tokeni
         reports["triton"] = triton_repo.write_repository(work, files, engine=engine)
 
     sentiment = task_spec("sentiment", train_config.sentiment_dataset)
+    labels = {"sentiment": list(sentiment.labels), "paraphrase": ["not_duplicate", "duplicate"]}
+    if options.hf:
+        from . import hf
+
+        reports["hf"] = {"files": hf.write_hf(model, tokenizer, source / TOKENIZER, work / "hf",
+                                              train_config.max_seq_length, labels)}
     manifest = {
         "model": {"tasks": list(model.heads), "encoder": enc.to_dict(), "pooling": model.config.pooling,
                   "similarity_head": model.config.similarity_head, "qa_null_threshold": model.config.qa_null_threshold},
-        "labels": {"sentiment": list(sentiment.labels), "paraphrase": ["not_duplicate", "duplicate"]},
+        "labels": labels,
         "limits": dataclasses.asdict(train_config.limits),
         "tokenizer": TOKENIZER,
         "length_buckets": list(buckets),

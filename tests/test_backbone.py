@@ -43,3 +43,21 @@ def test_missing_directory_and_files_are_named(tmp_path):
         B.resolve_backbone(str(tmp_path / "nope"))
     with pytest.raises(B.BackboneError, match="has no config.json"):
         B.resolve_backbone(str(tmp_path))
+
+
+def test_a_directory_without_tokenizer_json_builds_it_from_vocab_txt(tmp_path):
+    source = B.default_backbone_dir()
+    copy = tmp_path / "bert"
+    copy.mkdir()
+    for name in ("config.json", "vocab.txt", "tokenizer_config.json"):
+        shutil.copy(source / name, copy / name)
+    files = B.resolve_backbone(str(copy), random_init=True)
+    assert files.tokenizer_path.name == "vocab.txt"
+    built, reference = files.tokenizer(), B.resolve_backbone().tokenizer()
+    text = "The Eiffel Tower's café, unbelievably CROWDED in 1889!"
+    assert built.lowercase and built.vocab() == reference.vocab()
+    assert [e.input_ids for e in built.encode_sentences([text], 64)] == \
+        [e.input_ids for e in reference.encode_sentences([text], 64)]
+    (copy / "vocab.txt").unlink()
+    with pytest.raises(B.BackboneError, match="neither tokenizer.json nor vocab.txt"):
+        B.resolve_backbone(str(copy), random_init=True)

@@ -206,7 +206,7 @@ class MaskedLM(nn.Module):
 def build_model(config: PretrainConfig) -> tuple[MaskedLM, Tokenizer]:
     backbone = resolve_backbone(config.backbone, random_init=config.random_init)
     encoder_config = EncoderConfig.from_dict(backbone.config(), **config.encoder_overrides)
-    tokenizer = Tokenizer.from_file(backbone.tokenizer_path)
+    tokenizer = backbone.tokenizer()
     if tokenizer.vocab_size > encoder_config.vocab_size:
         raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens, the encoder only {encoder_config.vocab_size}")
     if config.max_seq_length > encoder_config.max_position_embeddings:

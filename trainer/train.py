@@ -88,7 +88,7 @@ def build_model(config: TrainConfig) -> tuple[MultitaskModel, Tokenizer]:
     model = MultitaskModel(ModelConfig(encoder_config, sentiment_num_labels=num_labels, **shared))
     if backbone.weights_path is not None:
         model.encoder.load_pretrained(backbone.weights_path)
-    return model, Tokenizer.from_file(backbone.tokenizer_path)
+    return model, backbone.tokenizer()
 
 
 def check_data_files(config: TrainConfig) -> None:
