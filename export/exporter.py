@@ -149,6 +149,8 @@ def _export_into(work: Path, out: Path, model, train_config: TrainConfig, tokeni
                                               OnnxRuntimeBackend(work, "fp32", manifest=draft))
         parity_reports["tensorrt_fp16"] = parity.check(model, engine_backend, "fp16", splits, tokenizer,
                                                        train_config.limits, options.progress)
+    sentiment = task_spec("sentiment", train_config.sentiment_dataset)
+    labels = {"sentiment": list(sentiment.labels), "paraphrase": ["not_duplicate", "duplicate"]}
     if options.triton:
         from . import triton_repo
 
@@ -160,9 +162,12 @@ def _export_into(work: Path, out: Path, model, train_config: TrainConfig, tokeni
         if "int8" in graphs["encoder"]["files"]:
             files["encoder_int8"] = graphs["encoder"]["files"]["int8"]
         reports["triton"] = triton_repo.write_repository(work, files, engine=engine)
-
-    sentiment = task_spec("sentiment", train_config.sentiment_dataset)
-    labels = {"sentiment": list(sentiment.labels), "paraphrase": ["not_duplicate", "duplicate"]}
+        triton_repo.write_text_model(work / "triton", work, {
+            "model": {"tasks": list(model.heads), "pooling": model.config.pooling,
+                      "qa_null_threshold": model.config.qa_null_threshold},
+            "limits": dataclasses.asdict(train_config.limits), "labels": labels,
+            "graphs": {name: {"inputs": g["inputs"], "outputs": g["outputs"]} for name, g in graphs.items()}})
+        reports["triton"]["bertzoo"] = "python"
     if options.hf:
         from . import hf
 

@@ -6,12 +6,17 @@ Layout (https://docs.nvidia.com/deeplearning/triton-inference-server/user-guide/
       bertzoo_encoder/config.pbtxt, 1/model.onnx   (or 1/model.plan with the tensorrt backend)
       bertzoo_encoder_int8/config.pbtxt, 1/model.onnx   (with --int8: the same inputs and outputs)
       bertzoo_head_<task>/config.pbtxt, 1/model.onnx
+      bertzoo/config.pbtxt, 1/model.py, 1/bertzoo.json, 1/tokenizer.json   text in, answers out (Python backend)
 
 Each model gets dynamic batching (no added queue delay by default, like our own batcher) and an instance group. Every
 graph's first axis is its batch axis, which Triton's dims leave out; the other axes are -1 where the graph's are
 symbolic (sequence length: a client sends each batch padded to its own longest sequence, or to a length bucket). A
 per-item scalar (the paraphrase and similarity heads' output) is declared ``dims: [ 1 ]`` with ``reshape: { shape:
 [ ] }``, since Triton refuses empty dims.
+
+The ``bertzoo`` model (export/triton_python_model.py) is what most clients call: text in, each task's answer out, the
+hidden states passed between the encoder and head models inside Triton. Its ``ENCODER`` parameter names the encoder
+model it calls (``bertzoo_encoder_int8`` for the int8 variant).
 Tokenization and post-processing stay in the client (``bertzoo.tasks`` is torch-free and pip-installable), which is
 how Triton is usually fronted for encoders. An SSAF encoder runs on Triton's onnxruntime backend through the
 SparsegenLin function body the graph carries; for our much faster native kernel, build it on the Triton host
@@ -22,6 +27,7 @@ Operations" guide, ONNX section; Triton's ONNX Runtime must be 1.23 or newer, th
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -69,6 +75,32 @@ def _place(src: Path, dst: Path) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copyfile(src, dst)
+
+
+PYTHON_MODEL_CONFIG = """name: "bertzoo"
+backend: "python"
+max_batch_size: 0
+input [
+  { name: "TASK", data_type: TYPE_STRING, dims: [1] },
+  { name: "TEXT_A", data_type: TYPE_STRING, dims: [-1] },
+  { name: "TEXT_B", data_type: TYPE_STRING, dims: [-1], optional: true }
+]
+output [
+  { name: "ANSWER", data_type: TYPE_STRING, dims: [-1] }
+]
+instance_group [ { count: {instances}, kind: KIND_CPU } ]
+parameters: { key: "ENCODER", value: { string_value: "bertzoo_encoder" } }
+"""
+
+
+def write_text_model(root: Path, artifact_dir: Path, settings: dict, instances: int = 2) -> None:
+    """The ``bertzoo`` Python-backend model: model.py, its settings (a slice of the manifest) and the tokenizer."""
+    version = root / "bertzoo" / "1"
+    version.mkdir(parents=True)
+    shutil.copyfile(Path(__file__).with_name("triton_python_model.py"), version / "model.py")
+    shutil.copyfile(artifact_dir / "tokenizer.json", version / "tokenizer.json")
+    (version / "bertzoo.json").write_text(json.dumps(settings, indent=2) + "\n")
+    (root / "bertzoo" / "config.pbtxt").write_text(PYTHON_MODEL_CONFIG.replace("{instances}", str(instances)))
 
 
 def write_repository(artifact_dir: Path, graphs: dict[str, str], engine: Path | None = None, max_batch_size: int = 64,

@@ -143,9 +143,13 @@ def test_triton_repository_passes_the_rules_of_tritons_loader(exported):
     _, _, artifact = exported
     root = artifact / "triton"
     names = sorted(p.name for p in root.iterdir())
-    assert names == ["bertzoo_encoder", "bertzoo_encoder_int8", "bertzoo_head_paraphrase", "bertzoo_head_qa",
-                     "bertzoo_head_sentiment", "bertzoo_head_similarity"]
-    for name in names:
+    assert names == ["bertzoo", "bertzoo_encoder", "bertzoo_encoder_int8", "bertzoo_head_paraphrase",
+                     "bertzoo_head_qa", "bertzoo_head_sentiment", "bertzoo_head_similarity"]
+    text_model = text_format.Parse((root / "bertzoo" / "config.pbtxt").read_text(), mc.ModelConfig())
+    assert text_model.backend == "python" and (root / "bertzoo" / "1" / "model.py").is_file()
+    assert all(t.dims for t in [*text_model.input, *text_model.output])
+    assert text_model.parameters["ENCODER"].string_value in names  # the encoder its BLS calls go to
+    for name in names[1:]:
         config = text_format.Parse((root / name / "config.pbtxt").read_text(), mc.ModelConfig())
         assert config.name == name and config.backend == "onnxruntime"
         assert config.max_batch_size > 0 and config.HasField("dynamic_batching") and config.instance_group
