@@ -42,7 +42,7 @@ ModelLoader = Callable[[ServeConfig], ServedModel]
 # Load balancers and orchestrators probe health without credentials.
 OPEN_METHODS = (f"/{health.SERVICE_NAME}/Check", f"/{health.SERVICE_NAME}/Watch")
 METHOD_TASKS = {"Sentiment": "sentiment", "Paraphrase": "paraphrase", "Similarity": "similarity", "QA": "qa",
-                "Embed": "embed", "ModelInfo": "model_info"}
+                "Embed": "embed", "ModelInfo": "model_info", "Check": "health"}
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
 
@@ -76,7 +76,7 @@ class BertzooServer:
         interceptors: list[grpc.aio.ServerInterceptor] = []
         if config.auth_token:
             interceptors.append(BearerTokenInterceptor(config.auth_token, OPEN_METHODS, self._count_refused))
-        interceptors.append(MalformedRequestInterceptor(SERVICE_NAME, self._count_refused, config.message_limit))
+        interceptors.append(MalformedRequestInterceptor(self._count_refused, config.message_limit))
         # SO_REUSEPORT off: a second server on a busy port must fail, not silently share it. gRPC's own receive limit
         # sits above ours, so a request over ours reaches the interceptor, which answers and counts it; gRPC itself
         # refuses (uncounted) only what is more than 4 times over, without buffering it.

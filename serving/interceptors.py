@@ -3,8 +3,9 @@
 - :class:`BearerTokenInterceptor`: a call must carry ``authorization: Bearer <token>`` metadata, or it is answered
   UNAUTHENTICATED. Some methods (health checks, for load balancers and orchestrators that cannot send a token) can
   stay open.
-- :class:`MalformedRequestInterceptor`: request bytes that are not a valid message are answered INVALID_ARGUMENT
-  (left to gRPC, they would be UNKNOWN and log a traceback per request), and a request over the size limit
+- :class:`MalformedRequestInterceptor`: request bytes that are not a valid message, for any unary method (health
+  checks included), are answered INVALID_ARGUMENT (left to gRPC, they would be UNKNOWN and log a traceback per
+  request, even on the open health service), and a request over the size limit
   RESOURCE_EXHAUSTED, naming the limit (left to gRPC, it would never be counted).
 
 ``on_reject(method, code, reason)`` lets the server count refused calls in its metrics.
@@ -68,9 +69,8 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
 
 
 class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, service: str, on_reject: OnReject | None = None, max_bytes: int | None = None) -> None:
-        """Guards the unary methods of ``service`` (a full name, ``bertzoo.v1.Bertzoo``)."""
-        self._prefix = f"/{service}/"
+    def __init__(self, on_reject: OnReject | None = None, max_bytes: int | None = None) -> None:
+        """Guards every unary-unary method of the server."""
         self._on_reject = on_reject
         self._max_bytes = max_bytes
 
@@ -78,8 +78,8 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
                                 ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
-        if (handler is None or not method.startswith(self._prefix) or handler.request_streaming
-                or handler.response_streaming or handler.request_deserializer is None):
+        if (handler is None or handler.request_streaming or handler.response_streaming
+                or handler.request_deserializer is None):
             return handler
         parse, behavior, on_reject, max_bytes = (handler.request_deserializer, handler.unary_unary, self._on_reject,
                                                   self._max_bytes)

@@ -39,6 +39,17 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
         self._config = config
         self._metrics = metrics
         self._runtime_versions = runtime_versions
+        self._unexpected: dict[str, tuple[float, int]] = {}  # task -> (time of the last traceback, errors since)
+
+    def _log_unexpected(self, task: str) -> None:
+        """A bug's traceback once per task and minute; in between, one line, so a storm of failing requests cannot
+        flood the log."""
+        now, (last, suppressed) = time.monotonic(), self._unexpected.get(task, (float("-inf"), 0))
+        if now - last >= 60.0:
+            log.exception("%s: unexpected error (%d more since the last traceback)", task, suppressed)
+            self._unexpected[task] = (now, 0)
+        else:
+            self._unexpected[task] = (last, suppressed + 1)
 
     async def _handle(self, task: str, context: grpc.aio.ServicerContext,
                       answer: Callable[[TaskService, float | None], Awaitable[Response]]) -> Response:
@@ -61,7 +72,7 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
             code, reason = ("DEADLINE_EXCEEDED", "deadline") if expired else ("CANCELLED", "cancelled")
             raise
         except Exception:
-            log.exception("%s: unexpected error", task)
+            self._log_unexpected(task)
             code, reason = "INTERNAL", "unexpected"
             await context.abort(grpc.StatusCode.INTERNAL, "internal server error (details in the server log)")
             raise  # not reached: abort raises

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+import logging
 import os
 import re
 import signal
@@ -188,6 +189,22 @@ def test_undecodable_bytes_never_hurt_the_server(server, raw, method):
         call(raw, timeout=10)
     except grpc.RpcError as e:  # bytes that do decode are a request like any other: answered or refused
         assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, (e.code(), e.details())
+
+
+def test_malformed_health_checks_are_invalid_argument_without_a_traceback(tiny_artifact, caplog):
+    _, artifact = tiny_artifact
+    with caplog.at_level(logging.DEBUG), \
+            ServerThread(serve_config(artifact, auth_token="s3cret-token")) as running, \
+            BertzooClient(f"127.0.0.1:{running.port}") as client:
+        check = client.channel.unary_unary("/grpc.health.v1.Health/Check")  # raw bytes, no token: health is open
+        for _ in range(20):
+            with pytest.raises(grpc.RpcError) as error:
+                check(b"\xff\xff\xff", timeout=10)
+            assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert client.health() == "SERVING"
+        assert running.metrics.registry.get_sample_value(
+            "bertzoo_request_failures_total", {"task": "health", "code": "INVALID_ARGUMENT", "reason": "malformed"}) == 20
+    assert not [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
 
 
 def test_the_server_is_unharmed_after_the_fuzzing(server):
