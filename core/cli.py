@@ -305,6 +305,8 @@ def predict(checkpoint: str, task: str, as_json: bool, texts: tuple[str, ...]) -
 @click.option("--per-channel/--per-tensor", default=True, help="int8 weight scales per output channel or per tensor.")
 @click.option("--trt", is_flag=True, help="Add a TensorRT fp16 engine (needs tensorrt and an NVIDIA GPU).")
 @click.option("--triton", is_flag=True, help="Add a Triton Inference Server model repository (triton/).")
+@click.option("--sign-key", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Sign the manifest with this Ed25519 private key (PEM); `serve --verify-key` checks it.")
 @click.option("--hf", is_flag=True, help="Add a Hugging Face model directory (hf/) that transformers and "
               "sentence-transformers load, with the task heads beside it.")
 @click.option("--data", "data_dir", type=click.Path(exists=True, file_okay=False), default=None,
@@ -385,6 +387,8 @@ def _serve_option(*decls: str, name: str, **kwargs):
 @_serve_option("--tls-cert", name="tls_cert", type=click.Path(exists=True, dir_okay=False),
                help="PEM certificate (chain); with --tls-key the server speaks TLS only.")
 @_serve_option("--tls-key", name="tls_key", type=click.Path(exists=True, dir_okay=False), help="PEM private key.")
+@_serve_option("--verify-key", name="verify_key", type=click.Path(exists=True, dir_okay=False),
+               help="Ed25519 public key (PEM): serve only an artifact whose manifest it signed (export --sign-key).")
 @_serve_option("--tls-client-ca", name="tls_client_ca", type=click.Path(exists=True, dir_okay=False),
                help="PEM CA bundle: require a client certificate it signed (mTLS).")
 @_serve_option("--auth-token", name="auth_token",
@@ -419,7 +423,7 @@ def serve(auth_token_file: str | None, max_batch_size: int, max_batch_tokens: in
     try:
         # Before the port is bound: one line naming what to install, or what MODEL_DIR should be.
         check_available(config.backend, config.device)
-        check_model_dir(config.backend, config.model_dir)
+        check_model_dir(config.backend, config.model_dir, config.verify_key)
         asyncio.run(run_server(config))
     except (ArtifactError, BackendUnavailable, FileNotFoundError, OSError) as e:
         raise click.ClickException(str(e)) from e

@@ -36,6 +36,7 @@ class ExportOptions:
     trt: bool = False
     triton: bool = False
     hf: bool = False  # a Hugging Face model directory, hf/ (export/hf.py)
+    sign_key: str | None = None  # Ed25519 private key (PEM): sign the manifest (manifest.sig)
     per_channel: bool = True
     data_dir: str | None = None  # dev data for the task-level parity gates (default: the bundled samples)
     parity_limit: int = 200  # dev examples per task for the parity gates
@@ -188,4 +189,4 @@ def _export_into(work: Path, out: Path, model, train_config: TrainConfig, tokeni
         "reports": reports,
         "parity": parity_reports,
     }
-    return write_manifest(work, manifest)
+    return write_manifest(work, manifest, sign_key=options.sign_key)

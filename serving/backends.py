@@ -62,14 +62,14 @@ def ort_providers(device: str) -> list:
     return [("CUDAExecutionProvider", {"device_id": "0", "use_tf32": "0"}), "CPUExecutionProvider"]
 
 
-def check_model_dir(backend: str, model_dir: str) -> None:
+def check_model_dir(backend: str, model_dir: str, verify_key: str | None = None) -> None:
     """Fail fast when ``model_dir`` is not what ``backend`` serves: an export artifact, or for torch a checkpoint."""
     if backend == "torch":
         from bertzoo.trainer.checkpoint import resolve_checkpoint
 
         resolve_checkpoint(model_dir)  # NotACheckpoint names the path and what to pass
     else:
-        load_manifest(model_dir, verify=False)  # the files' hashes are checked when the model loads
+        load_manifest(model_dir, verify=False, verify_key=verify_key)  # file hashes: when the model loads
 
 
 def check_available(backend: str, device: str) -> None:

@@ -63,6 +63,7 @@ class ServeConfig:
     batch: BatchSettings = field(default_factory=BatchSettings)
     tls_cert: str | None = None  # PEM certificate chain; with tls_key, the server speaks TLS only
     tls_key: str | None = None
+    verify_key: str | None = None  # Ed25519 public key (PEM): serve only an artifact whose manifest it signed
     tls_client_ca: str | None = None  # PEM CA bundle: clients must present a certificate it signed (mTLS)
     auth_token: str | None = field(default=None, repr=False)  # clients must send "authorization: Bearer <token>"
     shutdown_grace: float = 30.0  # seconds in-flight requests get to finish after SIGTERM
@@ -87,6 +88,9 @@ class ServeConfig:
             raise ValueError(f"overlong must be one of {OVERLONG_POLICIES}, got {self.overlong!r}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("TLS needs both a certificate and its key (tls_cert and tls_key)")
+        if self.verify_key is not None and self.backend == "torch":
+            raise ValueError("verify_key checks an export artifact's signed manifest; the torch backend serves a "
+                             "checkpoint")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ValueError("tls_client_ca (client certificates) needs TLS: give tls_cert and tls_key too")
         for path in (self.tls_cert, self.tls_key, self.tls_client_ca):

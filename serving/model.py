@@ -66,7 +66,8 @@ def _from_artifact(config: ServeConfig) -> ServedModel:
     from .backends import OnnxRuntimeBackend, TensorRTWithOrtHeads
 
     directory = Path(config.model_dir)
-    manifest = load_manifest(directory)  # checks every file's sha256 before anything runs
+    # Checks every file's sha256 and the manifest's own sections (and its signature) before anything runs.
+    manifest = load_manifest(directory, verify_key=config.verify_key)
     limits = Limits(**manifest["limits"])
     model = manifest["model"]
     labels = {"sentiment": tuple(manifest["labels"]["sentiment"]),
