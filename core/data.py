@@ -100,6 +100,18 @@ def _check_exists(path: Path) -> None:
         raise DataError(f"{path}: file not found" if not path.exists() else f"{path}: not a regular file")
 
 
+def _first_undecodable_line(path: Path) -> int:
+    """The 1-based number of the first line that is not valid UTF-8 (a decoding error's offset counts from the chunk
+    the reader was decoding, not from the file's start)."""
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return number
+    return 1
+
+
 def _read_tsv(
     path: Path, required: Sequence[str], label: str, skipped: list[str] | None
 ) -> Iterator[tuple[int, int, dict[str, str] | None]]:
@@ -117,7 +129,10 @@ def _read_tsv(
             header = next(reader)
         except StopIteration:
             raise DataError(f"{path}: empty file (no header line)") from None
-        except (csv.Error, UnicodeDecodeError) as e:
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}:{_first_undecodable_line(path)}: not valid UTF-8 ({e.reason}); save the file as "
+                            "UTF-8") from None
+        except csv.Error as e:
             raise DataError(f"{path}:1: unreadable header: {e}") from None
         names = [h.strip() for h in header]
         for col in required:
@@ -136,7 +151,8 @@ def _read_tsv(
             except csv.Error as e:  # e.g. a NUL byte; the reader cannot resume reliably after this
                 raise DataError(f"{path}:{reader.line_num}: {e}") from None
             except UnicodeDecodeError as e:
-                raise DataError(f"{path}: not valid UTF-8 ({e})") from None
+                raise DataError(f"{path}:{_first_undecodable_line(path)}: not valid UTF-8 ({e.reason} at byte "
+                                f"{e.object[e.start:e.start + 1]!r}); save the file as UTF-8") from None
             line, start = start, reader.line_num + 1
             if not row:  # a blank line is not a record (e.g. an extra newline at the end of the file)
                 continue

@@ -109,23 +109,33 @@ def load_split(
     sentiment_dataset: str = "sst5",
     skipped: list[str] | None = None,
 ) -> list[SentenceExample] | list[PairExample] | list[QAExample]:
-    """Find and read the files for (task, split); malformed rows are skipped and appended to ``skipped``."""
+    """Find and read the files for (task, split); malformed rows are skipped and appended to ``skipped``.
+
+    Train and dev files must carry labels, and must give at least one usable row each: a DataError names the file and
+    the column otherwise (only test files may be unlabelled).
+    """
     files = find_files(data_dir, task, split, sentiment_dataset)
     if task == "qa":
         return read_squad_files(files, skipped)
-    if task == "sentiment":
-        sentences: list[SentenceExample] = []
-        for f in files:
-            if sentiment_dataset == "sst2":
-                sentences.extend(read_glue_sst2(f, skipped))
-            else:
-                sentences.extend(read_cs224n_sentiment(f, SENTIMENT_DATASETS[sentiment_dataset], skipped))
-        return sentences
-    label_field = "is_duplicate" if task == "paraphrase" else "similarity"
-    pairs: list[PairExample] = []
+    labelled = split in ("train", "dev")
+    skipped = [] if skipped is None else skipped
+    examples: list = []
     for f in files:
-        pairs.extend(read_cs224n_pairs(f, label_field, skipped))
-    return pairs
+        if task == "sentiment":
+            label_col = "label" if sentiment_dataset == "sst2" else "sentiment"
+            rows = (read_glue_sst2(f, skipped) if sentiment_dataset == "sst2"
+                    else read_cs224n_sentiment(f, SENTIMENT_DATASETS[sentiment_dataset], skipped))
+        else:
+            label_col = "is_duplicate" if task == "paraphrase" else "similarity"
+            rows = read_cs224n_pairs(f, label_col, skipped)
+        if labelled and any(r.label is None for r in rows):
+            raise DataError(f"{f}: no {label_col!r} column; {split} files need labels (the header must name it)")
+        if labelled and not rows:
+            reasons = [s.removeprefix(f"{f}:") for s in skipped if s.startswith(f"{f}:")]
+            first = f"; the first: line {reasons[0]}" if reasons else ""
+            raise DataError(f"{f}: no usable rows, every row was malformed{first}")
+        examples.extend(rows)
+    return examples
 
 
 def samples_dir() -> Path:

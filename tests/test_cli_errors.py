@@ -99,3 +99,47 @@ def test_a_bad_override_of_a_preset_is_not_blamed_on_the_preset(tmp_path):
     result = run_cli("train", "--preset", "ssaf", "--set", "lr=abc", "--out", str(tmp_path / "run"))
     assert_one_line_error(result, "lr must be a number", code=2)
     assert "ssaf.toml" not in result.output
+
+
+def damaged_copy(tmp_path, samples, damage) -> str:
+    data = tmp_path / "data"
+    shutil.copytree(samples, data)
+    damage(data / "ids-sst-train.csv")
+    return str(data)
+
+
+def drop_label_column(path):
+    path.write_text("".join("\t".join(line.split("\t")[:3]) + "\n" for line in path.read_text().splitlines()))
+
+
+def every_label_out_of_range(path):
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], *("\t".join(line.split("\t")[:3] + ["9"]) for line in lines[1:])]) + "\n")
+
+
+def bad_byte_on_line_4(path):
+    lines = path.read_bytes().split(b"\n")
+    lines[3] += b"\xff"
+    path.write_bytes(b"\n".join(lines))
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (drop_label_column, "ids-sst-train.csv: no 'sentiment' column; train files need labels"),
+    (every_label_out_of_range, "ids-sst-train.csv: no usable rows, every row was malformed; the first: line 2: "
+                               "sentiment 9 is not in 0..4"),
+    (bad_byte_on_line_4, "ids-sst-train.csv:4: not valid UTF-8"),
+])
+def test_damaged_data_files_name_the_file_and_the_place(tmp_path, samples, damage, message):
+    data = damaged_copy(tmp_path, samples, damage)
+    result = run_cli("train", "--data", data, "--out", str(tmp_path / "run"), "--max-steps", "1", "--no-progress")
+    assert_one_line_error(result, message)
+
+
+def test_a_truncated_trainer_state_names_the_checkpoint(tmp_path, tiny_artifact):
+    run, _ = tiny_artifact
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    state = copy / (copy / "LATEST").read_text().strip() / "trainer_state.safetensors"
+    state.write_bytes(state.read_bytes()[:100])
+    result = run_cli("train", "--out", str(copy), "--resume", "--max-steps", "6", "--no-progress")
+    assert_one_line_error(result, "its trainer state", "truncated or corrupt", "resume from another checkpoint")

@@ -152,7 +152,12 @@ def load_model(path: str | Path) -> tuple[MultitaskModel, dict, Path]:
 
 def load_trainer_state(directory: Path) -> tuple[dict, dict | None, torch.Tensor]:
     """(trainer state JSON, optimizer state_dict or None, torch RNG state) of a checkpoint, for --resume."""
-    meta = json.loads((directory / STATE_JSON).read_text(encoding="utf-8"))
-    tensors = load_file(str(directory / STATE_TENSORS))
+    try:
+        meta = json.loads((directory / STATE_JSON).read_text(encoding="utf-8"))
+        tensors = load_file(str(directory / STATE_TENSORS))
+    except (OSError, json.JSONDecodeError, SafetensorError) as e:
+        raise CheckpointError(f"{directory}: its trainer state ({STATE_JSON}, {STATE_TENSORS}) is unreadable, "
+                              f"truncated or corrupt ({e}); resume from another checkpoint by pointing LATEST at it, "
+                              "or start a new run") from e
     optimizer = _optimizer_from_files(tensors, meta["optimizer"]) if "optimizer" in meta else None
     return meta, optimizer, tensors["rng.torch"]
