@@ -147,6 +147,9 @@ def main(verbose: bool) -> None:
 @click.option("--seed", type=int, default=None)
 @click.option("--log-every", type=int, default=None)
 @click.option("--keep-checkpoints", type=int, default=None)
+@click.option("--save-every", type=int, default=None,
+              help="Also checkpoint every N steps (no evaluation): a killed run loses at most N steps on --resume.")
+@click.option("--save-every-minutes", type=float, default=None, help="Also checkpoint every this many minutes.")
 @click.option("--no-eval", is_flag=True, help="Skip the per-epoch dev evaluation.")
 @click.option("--no-progress", is_flag=True, help="No progress bar (logs only).")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its last checkpoint and saved config.")

@@ -47,6 +47,37 @@ def test_resume_after_interruption_gives_the_same_weights(tiny_train_config, tmp
         assert torch.equal(tensor, resumed.state_dict()[name]), f"{name} differs after resume"
 
 
+def test_a_run_killed_during_a_mid_epoch_save_resumes_losing_at_most_save_every_steps(tiny_train_config, tmp_path,
+                                                                                      monkeypatch):
+    from bertzoo.trainer import checkpoint as ckpt
+
+    uninterrupted = tiny_train_config(out_dir=str(tmp_path / "a"), eval_every_epoch=False, save_every=3)
+    expected, _ = train_module.train(uninterrupted)
+
+    # Killed while writing the checkpoint of step 9: the one of step 6 stays LATEST.
+    interrupted = tiny_train_config(out_dir=str(tmp_path / "b"), eval_every_epoch=False, save_every=3)
+    real_save, saves = ckpt.save_file, {"n": 0}
+
+    def dies_in_third_save(*args, **kwargs):
+        saves["n"] += 1
+        if saves["n"] == 5:  # each checkpoint writes two safetensors files: this is the 3rd checkpoint's first
+            raise KeyboardInterrupt
+        return real_save(*args, **kwargs)
+
+    monkeypatch.setattr(ckpt, "save_file", dies_in_third_save)
+    with pytest.raises(KeyboardInterrupt):
+        train_module.train(interrupted)
+    monkeypatch.setattr(ckpt, "save_file", real_save)
+    assert (tmp_path / "b" / "LATEST").read_text().strip() == "checkpoint-000006"
+    assert not (tmp_path / "b" / "checkpoint-000009").exists()  # the half-written one never took its name
+    resumed, _ = train_module.train(interrupted, resume=True)
+    for name, tensor in expected.state_dict().items():
+        assert torch.equal(tensor, resumed.state_dict()[name]), f"{name} differs after resume"
+    steps = [json.loads(line)["step"] for line in (tmp_path / "b" / "train_log.jsonl").read_text().splitlines()
+             if "loss" in json.loads(line)]
+    assert steps == sorted(set(steps))  # no step logged twice across the kill and the resume
+
+
 def test_cli_train_eval_predict_all_tasks(tmp_path):
     runner = CliRunner()
     out = tmp_path / "cli-run"

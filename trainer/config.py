@@ -86,6 +86,9 @@ class TrainConfig:
     eval_every_epoch: bool = True
     log_every: int = 10
     keep_checkpoints: int = 2
+    # Checkpoints between epochs too (no evaluation), so a killed run loses at most this many steps / minutes.
+    save_every: int | None = None
+    save_every_minutes: float | None = None
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -121,6 +124,10 @@ class TrainConfig:
             raise ValueError(f"dtp_reference must be 'train' or 'target', got {self.dtp_reference!r}")
         if self.dtp_every < 1 or self.dtp_eval_limit < 1:
             raise ValueError(f"dtp_every and dtp_eval_limit must be >= 1, got {self.dtp_every}, {self.dtp_eval_limit}")
+        if (self.save_every is not None and self.save_every < 1) or (
+                self.save_every_minutes is not None and self.save_every_minutes <= 0):
+            raise ValueError(f"save_every must be >= 1 and save_every_minutes > 0, got {self.save_every}, "
+                             f"{self.save_every_minutes}")
         if self.qa_doc_stride >= self.qa_max_length:
             raise ValueError(f"qa_doc_stride {self.qa_doc_stride} must be below qa_max_length {self.qa_max_length}")
         from .model import EncoderConfig  # torch; imported here so reading a config needs none

@@ -255,6 +255,7 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
         metrics = json.loads((directory / ckpt.METRICS).read_text())
         if env.is_main:
             log.info("resumed from %s at step %d", directory, start_step)
+            _drop_log_records_after(out_dir / "train_log.jsonl", start_step)
 
     ddp_model = model
     if env.world_size > 1:
@@ -269,7 +270,7 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
                desc="train", dynamic_ncols=True)
     window_losses: dict[str, list[float]] = {t: [] for t in tasks}
     step_seconds: dict[str, list[float]] = {}  # per task, data to optimizer step: the zoo's cost ratios use these
-    started = time.perf_counter()
+    started = last_save = time.perf_counter()
     try:
         for step in range(start_step, total_steps):
             step_started = time.perf_counter()
@@ -318,10 +319,14 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
                         log_file.write(json.dumps({"step": done, "dtp": dtp}) + "\n")
                         log_file.flush()
                 broadcast(prioritizer)
+            extra_state = {"prioritizer": prioritizer.state_dict()} if prioritizer else None
             if done % epoch_steps == 0 or done == total_steps:
                 metrics, best = _end_of_epoch(config, env, model, optimizer, tokenizer, dev_splits, calibration,
-                                              streams, done, best, log_file,
-                                              {"prioritizer": prioritizer.state_dict()} if prioritizer else None)
+                                              streams, done, best, log_file, extra_state)
+                last_save = time.monotonic()
+            elif _checkpoint_due(config, env, done, last_save):
+                _save(config, env, model, optimizer, tokenizer, {}, streams, done, best, False, extra_state)
+                last_save = time.monotonic()
     finally:
         bar.close()
         if log_file:
@@ -363,14 +368,44 @@ def _end_of_epoch(config: TrainConfig, env: Dist, model: MultitaskModel, optimiz
                          " ".join(f"{z:.1%}" for z in record["attention_zero_fraction"]))
             log_file.write(json.dumps(record) + "\n")
             log_file.flush()
-        state = {"step": step, "best": best, "streams": {t: s.state_dict() for t, s in streams.items()},
-                 **(extra_state or {})}
-        path = ckpt.save_checkpoint(Path(config.out_dir), step, model, config.to_dict(), tokenizer.to_str(), metrics,
-                                    optimizer, state, keep=config.keep_checkpoints, is_best=is_best or not dev_splits)
-        log.info("saved %s%s", path, " (best so far)" if is_best else "")
         if log_file:
             log_file.flush()
             training_curves(Path(config.out_dir) / "train_log.jsonl", Path(config.out_dir) / "curves.png")
-    if env.world_size > 1:
-        dist.barrier()  # the other ranks wait while rank 0 evaluates and saves
+    _save(config, env, model, optimizer, tokenizer, metrics, streams, step, best, is_best or not dev_splits,
+          extra_state)
     return metrics, best
+
+
+def _save(config: TrainConfig, env: Dist, model: MultitaskModel, optimizer: torch.optim.Optimizer,
+          tokenizer: Tokenizer, metrics: dict, streams: dict[str, TaskStream], step: int, best: float, is_best: bool,
+          extra_state: dict | None) -> None:
+    """Rank 0 writes a checkpoint (atomically; everything --resume needs); the other ranks wait for it."""
+    if env.is_main:
+        state = {"step": step, "best": best, "streams": {t: s.state_dict() for t, s in streams.items()},
+                 **(extra_state or {})}
+        path = ckpt.save_checkpoint(Path(config.out_dir), step, model, config.to_dict(), tokenizer.to_str(), metrics,
+                                    optimizer, state, keep=config.keep_checkpoints, is_best=is_best)
+        log.info("saved %s%s", path, " (best so far)" if is_best and metrics else "")
+    if env.world_size > 1:
+        dist.barrier()
+
+
+def _checkpoint_due(config: TrainConfig, env: Dist, done: int, last_save: float) -> bool:
+    """A checkpoint between epochs: every ``save_every`` steps, or ``save_every_minutes`` after the last one (rank
+    0's clock decides for every rank)."""
+    due = bool(config.save_every and done % config.save_every == 0)
+    if config.save_every_minutes and not due:
+        due = time.perf_counter() - last_save >= 60.0 * config.save_every_minutes
+        if env.world_size > 1:
+            flag = torch.tensor([int(due)], device=env.device)
+            dist.broadcast(flag, src=0)
+            due = bool(flag.item())
+    return due
+
+
+def _drop_log_records_after(path: Path, step: int) -> None:
+    """A resumed run redoes the steps after its checkpoint: their records from the killed run go, so none repeats."""
+    if path.is_file():
+        kept = [line for line in path.read_text(encoding="utf-8").splitlines(keepends=True)
+                if line.strip() and json.loads(line).get("step", 0) <= step]
+        atomic_write_text(path, "".join(kept))
