@@ -19,6 +19,7 @@ import json
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -60,6 +61,7 @@ class BertzooServer:
         self.metrics_port: int | None = None
         self._loader = loader
         self._server: grpc.aio.Server | None = None
+        self._servicer: BertzooServicer | None = None
         self._health: health.aio.HealthServicer | None = None
         self._batcher: Batcher | None = None
         self._service: TaskService | None = None
@@ -84,7 +86,8 @@ class BertzooServer:
         server = grpc.aio.server(interceptors=interceptors, options=[
             ("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 4 * config.message_limit),
             ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.min_recv_ping_interval_without_data_ms", 10000)])
-        servicer = BertzooServicer(lambda: self._service, config, self.metrics, runtime_versions(config.backend))
+        servicer = self._servicer = BertzooServicer(lambda: self._service, config, self.metrics,
+                                                    runtime_versions(config.backend))
         pb2_grpc.add_BertzooServicer_to_server(servicer, server)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -143,7 +146,16 @@ class BertzooServer:
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
         if self._server is not None:
+            if self._servicer is not None:
+                self._servicer.grace_ends = time.monotonic() + grace
             await self._server.stop(grace)  # returns once every accepted call has finished, or grace ran out
+            for _ in range(100):  # the cut calls' handlers record themselves as their cancellation reaches them
+                if self._servicer is None or not self._servicer.in_flight:
+                    break
+                await asyncio.sleep(0.01)
+            if self._servicer is not None and self._servicer.cut_at_shutdown:
+                log.warning("shutdown: %d calls still running when the %.1f s grace ran out were cut (CANCELLED, "
+                            "reason shutdown)", self._servicer.cut_at_shutdown, grace)
         if self._batcher is not None:
             await self._batcher.close(timeout=1.0)  # the calls are done: only cancelled leftovers can remain
         if self._service is not None:

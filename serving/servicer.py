@@ -40,6 +40,10 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
         self._metrics = metrics
         self._runtime_versions = runtime_versions
         self._unexpected: dict[str, tuple[float, int]] = {}  # task -> (time of the last traceback, errors since)
+        # Set by the server's stop(): calls still running when the shutdown grace ends are cut, and counted here.
+        self.grace_ends: float | None = None
+        self.cut_at_shutdown = 0
+        self.in_flight = 0
 
     def _log_unexpected(self, task: str) -> None:
         """A bug's traceback once per task and minute; in between, one line, so a storm of failing requests cannot
@@ -56,6 +60,7 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
         started = time.perf_counter()
         code, reason = "OK", ""
         self._metrics.inflight.inc()
+        self.in_flight += 1
         try:
             service = self._service()
             if service is None:
@@ -70,6 +75,9 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
             remaining = context.time_remaining()
             expired = remaining is not None and remaining <= 0
             code, reason = ("DEADLINE_EXCEEDED", "deadline") if expired else ("CANCELLED", "cancelled")
+            if self.grace_ends is not None and time.monotonic() >= self.grace_ends:
+                code, reason = "CANCELLED", "shutdown"  # the server's grace ran out, not the client's patience
+                self.cut_at_shutdown += 1
             raise
         except Exception:
             self._log_unexpected(task)
@@ -77,6 +85,7 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
             await context.abort(grpc.StatusCode.INTERNAL, "internal server error (details in the server log)")
             raise  # not reached: abort raises
         finally:
+            self.in_flight -= 1
             self._metrics.inflight.dec()
             self._metrics.record_request(task, code, reason, time.perf_counter() - started)
 

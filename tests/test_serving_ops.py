@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bertzoo.cli import main
-from bertzoo.serving.client import BertzooClient
+from bertzoo.serving.client import BertzooClient, channel_options
 from bertzoo.serving.grpc_server import ServerThread
 from bertzoo.serving.metrics import Metrics
 from bertzoo.serving.model import load_served_model
@@ -99,6 +99,43 @@ def test_not_serving_and_unavailable_until_the_model_is_loaded(tiny_artifact):
         release.set()
         starter.join(30)
         running.stop()
+
+
+class SlowBackend:
+    def __init__(self, inner, delay: float) -> None:
+        self.inner, self.delay = inner, delay
+
+    def encode(self, batch):
+        time.sleep(self.delay)
+        return self.inner.encode(batch)
+
+    def head(self, task, inputs):
+        return self.inner.head(task, inputs)
+
+
+def test_calls_cut_when_the_shutdown_grace_runs_out_are_counted(tiny_artifact, caplog):
+    _, artifact = tiny_artifact
+
+    def slow(config):
+        served = load_served_model(config)
+        served.backend = SlowBackend(served.backend, 0.0)
+        slow.backend = served.backend
+        return served
+
+    with caplog.at_level(logging.INFO, logger="bertzoo.serving"):
+        running = ServerThread(serve_config(artifact), slow).start()
+        with BertzooClient(f"127.0.0.1:{running.port}", options=channel_options(retries=False)) as client:
+            slow.backend.delay = 2.0
+            calls = [client.stub.Sentiment.future(pb2.SentimentRequest(texts=[f"cut {i}"]), timeout=30)
+                     for i in range(5)]
+            time.sleep(0.5)  # the first batch is on the model, the rest queued behind it
+            running.stop(grace=0.3)
+            for call in calls:
+                with pytest.raises(grpc.RpcError):
+                    call.result()
+    assert running.metrics.registry.get_sample_value(
+        "bertzoo_request_failures_total", {"task": "sentiment", "code": "CANCELLED", "reason": "shutdown"}) == 5
+    assert any("5 calls still running when the 0.3 s grace ran out were cut" in r.getMessage() for r in caplog.records)
 
 
 def test_sigterm_finishes_every_accepted_request_then_exits(tiny_artifact):
