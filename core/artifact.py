@@ -87,7 +87,7 @@ def load_manifest(directory: str | Path, verify: bool = True, verify_key: str | 
         raise ArtifactError(f"{path}: not valid JSON ({e})") from e
     if manifest.get("format_version") != FORMAT_VERSION:
         raise ArtifactError(f"{path}: format_version {manifest.get('format_version')!r}, this bertzoo reads "
-                            f"{FORMAT_VERSION}")
+                            f"{FORMAT_VERSION}; export the checkpoint again with this bertzoo")
     if verify_key is not None:
         from .signing import verify_signature
 
