@@ -12,6 +12,9 @@ from pathlib import Path
 
 import click
 
+from .cli_parsing import parse_overrides
+from .cli_pretrain import pretrain
+from .cli_zoo import viz, zoo
 from .errors import UserError
 from .tasks import TASK_NAMES
 
@@ -41,26 +44,13 @@ def _parse_tasks(value: str) -> tuple[str, ...]:
     return tasks
 
 
-def _parse_overrides(pairs: tuple[str, ...]) -> dict:
-    overrides = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep:
-            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--encoder or --set")
-        try:
-            overrides[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            overrides[key] = raw  # a bare string such as attention=sparsegen_lin
-    return overrides
-
-
 def _parse_settings(pairs: tuple[str, ...]) -> dict:
     from dataclasses import fields
 
     from bertzoo.trainer.config import TrainConfig
 
     known = {f.name for f in fields(TrainConfig)}
-    settings = _parse_overrides(pairs)
+    settings = parse_overrides(pairs)
     unknown = sorted(set(settings) - known)
     if unknown:
         raise click.BadParameter(f"unknown training config key(s) {unknown}", param_hint="--set")
@@ -168,7 +158,7 @@ def train(preset: str | None, settings: tuple[str, ...], tasks: str | None, enco
     if random_init:
         given["random_init"] = True
     if encoder_overrides:
-        given["encoder_overrides"] = _parse_overrides(encoder_overrides)
+        given["encoder_overrides"] = parse_overrides(encoder_overrides)
     given["eval_every_epoch"] = not no_eval
     given["progress"] = not no_progress
     saved = Path(given["out_dir"]) / "train_config.json"
@@ -549,8 +539,9 @@ def bench_serve(task: str, data: str | None, concurrency: int, duration: float, 
         Path(json_out).write_text(json.dumps(summary, indent=2))
 
 
-# The zoo's commands live in their own modules and register themselves on ``main`` when imported.
-from . import cli_pretrain, cli_zoo  # noqa: E402,F401
+# The zoo's commands live in their own modules, which know nothing of ``main``.
+for command in (zoo, viz, pretrain):
+    main.add_command(command)
 
 if __name__ == "__main__":
     main()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .cli import _parse_overrides, main
+from .cli_parsing import parse_overrides
 
 # PretrainConfig's defaults, repeated here so that `--help` works without importing torch; the test suite checks
 # that they agree with the dataclass.
@@ -17,7 +17,7 @@ def _parse_patterns(value: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in value.split(",") if p.strip())
 
 
-@main.command()
+@click.command()
 @click.argument("corpus", nargs=-1, type=click.Path(exists=True, dir_okay=False))
 @click.option("--data", "data_dir", type=click.Path(exists=True, file_okay=False), default=None,
               help="Also use the sentences of this data directory's sentiment, paraphrase and similarity train files.")
@@ -56,7 +56,7 @@ def pretrain(corpus: tuple[str, ...], encoder_overrides: tuple[str, ...], ag_pat
     if not corpus and not options["data_dir"]:
         raise click.UsageError("give CORPUS text files and/or --data DIR")
     try:
-        config = PretrainConfig(corpus=corpus, encoder_overrides=_parse_overrides(encoder_overrides),
+        config = PretrainConfig(corpus=corpus, encoder_overrides=parse_overrides(encoder_overrides),
                                 ag_patterns=_parse_patterns(ag_patterns), progress=not no_progress, **options)
     except ValueError as e:
         raise click.UsageError(str(e)) from e

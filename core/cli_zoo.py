@@ -6,11 +6,10 @@ from pathlib import Path
 
 import click
 
-from .cli import main
 from .zoo import PresetError, load_preset, preset_names
 
 
-@main.group()
+@click.group()
 def zoo() -> None:
     """The attention-variant zoo's presets (core/presets/*.toml)."""
 
@@ -37,7 +36,7 @@ def zoo_show(name: str) -> None:
     click.echo(preset.config().to_json())
 
 
-@main.command()
+@click.command()
 @click.argument("checkpoint", type=click.Path(exists=True))
 @click.argument("text")
 @click.option("--out", "out_path", default="attention.png", type=click.Path(dir_okay=False),

@@ -14,7 +14,8 @@ import numpy as np
 from torch import Tensor
 
 from .config import TrainConfig
-from .heads import ForwardDetails, MultitaskModel
+from .heads import MultitaskModel
+from .model_config import ForwardDetails
 
 
 class Objective(Protocol):

@@ -44,7 +44,7 @@ from bertzoo.pipeline import progress_bar
 from bertzoo.tokenization import pad_batch
 
 from .batches import Feature
-from .heads import ForwardDetails, pool
+from .model_config import ForwardDetails, pool
 from .sparsegen import masked_softmax
 
 log = logging.getLogger("bertzoo.ssa")

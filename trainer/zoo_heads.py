@@ -9,7 +9,7 @@ from __future__ import annotations
 from torch import nn
 
 from .attention_heads import CrossAttentionPairHead, CrossPoolPairHead, SelfAttentionSentimentHead
-from .heads import ModelConfig
+from .model_config import ModelConfig
 
 
 def build_zoo_head(task: str, config: ModelConfig) -> nn.Module:
