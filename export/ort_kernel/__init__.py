@@ -1,10 +1,10 @@
 """The native ONNX Runtime kernel for ``bertzoo.SparsegenLin``: built on first use, cached, optional.
 
-``library()`` compiles ``sparsegen_lin.cc`` against the vendored ORT C API headers (``include/``) with the system C++
-compiler, once per source/compiler/ORT version, into the user's cache directory, and returns the shared library's
-path, or None (with the reason in :func:`unavailable_reason`) when there is no compiler or the installed ONNX Runtime
-is older than the headers. Callers then keep the portable path: the model's own ONNX function, swapped for the
-faster formulation of export/sparsegen_onnx.py. Nothing is downloaded; no torch.
+``library()`` compiles ``sparsegen_lin.cc`` against the vendored ORT C API headers (``third_party/onnxruntime``) with
+the system C++ compiler, once per source/compiler/ORT version, into the user's cache directory, and returns the shared
+library's path, or None (with the reason in :func:`unavailable_reason`) when there is no compiler or the installed
+ONNX Runtime is older than the headers. Callers then keep the portable path: the model's own ONNX function, swapped
+for the faster formulation of export/sparsegen_onnx.py. Nothing is downloaded; no torch.
 
 Build flags: -O3 and a baseline x86-64/ARM target; the row loop carries GCC ``target_clones`` (AVX2 + default), so one
 library is fast on AVX2 machines and still runs on any other (a cache directory copied to another host stays safe).
@@ -21,11 +21,13 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import bertzoo.third_party
+
 log = logging.getLogger("bertzoo.export")
 
 SOURCE = Path(__file__).with_name("sparsegen_lin.cc")
-HEADERS = Path(__file__).with_name("include")
-HEADER_API_VERSION = 23  # ORT_API_VERSION of the vendored headers (include/README.md); ORT >= 1.23 runs the library
+HEADERS = Path(bertzoo.third_party.__file__).parent / "onnxruntime" / "include"
+HEADER_API_VERSION = 23  # ORT_API_VERSION of the vendored headers (third_party/onnxruntime/README.md); ORT >= 1.23 runs it
 LIBRARY_NAME = "libbertzoo_ort_ops.so"
 
 _reason: str | None = None
