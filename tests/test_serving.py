@@ -20,7 +20,7 @@ from bertzoo.artifact import load_manifest
 from bertzoo.data import QAExample, SentenceExample
 from bertzoo.datafiles import load_split, samples_dir
 from bertzoo.serving.backends import OnnxRuntimeBackend
-from bertzoo.serving.client import BertzooClient
+from bertzoo.serving.client import BertzooClient, channel_options
 from bertzoo.serving.config import ServeConfig
 from bertzoo.serving.engine import EMBED, Work, prepare_inputs, run_batch
 from bertzoo.serving.grpc_server import ServerThread
@@ -205,7 +205,7 @@ def test_the_largest_allowed_request_passes_and_a_larger_one_is_refused_and_coun
     _, artifact = tiny_artifact
     metrics_port = free_port()
     with ServerThread(serve_config(artifact, max_message_bytes=4096, metrics_port=metrics_port)) as running, \
-            BertzooClient(f"127.0.0.1:{running.port}", timeout=30) as small:
+            BertzooClient(f"127.0.0.1:{running.port}", timeout=30, options=channel_options(retries=False)) as small:
         with pytest.raises(grpc.RpcError) as error:
             small.sentiment(["x" * 5000])
         assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
