@@ -145,12 +145,12 @@ def ssaf_checkpoint(directory: Path, out: Path) -> Path:
 
 def torch_backends(run: str) -> dict:
     """name -> (backend factory, parity bounds)."""
-    from bertzoo.trainer.evaluate import TorchBackend
+    from bertzoo.serving.backends import create_backend
 
     def make(precision: str, graphs: bool):
         def build():
             model = load_run(run)[0]
-            return TorchBackend(model.cuda().eval(), torch.device("cuda"), precision, cuda_graphs=graphs)
+            return create_backend("torch", model.cuda().eval(), device="cuda", precision=precision, cuda_graphs=graphs)
         return build
 
     out = {}
@@ -162,10 +162,10 @@ def torch_backends(run: str) -> dict:
 
 
 def ort_backends(artifact: Path) -> dict:
-    from bertzoo.serving.backends import OnnxRuntimeBackend
+    from bertzoo.serving.backends import create_backend
 
     def make(sparsegen: str):
-        return lambda: OnnxRuntimeBackend(artifact, "fp32", device="cuda", sparsegen=sparsegen)
+        return lambda: create_backend("onnxruntime", artifact, device="cuda", sparsegen=sparsegen)
 
     return {"onnxruntime CUDA fp32 (function body)": (make("function"), "fp32"),
             "onnxruntime CUDA fp32 (ORT formulation)": (make("formulation"), "fp32")}
@@ -173,12 +173,12 @@ def ort_backends(artifact: Path) -> dict:
 
 def trt_backends(artifact: Path) -> dict:
     from bertzoo.artifact import load_manifest
-    from bertzoo.serving.backends import TensorRTWithOrtHeads
+    from bertzoo.serving.backends import create_backend
 
     manifest = load_manifest(artifact)
     if "tensorrt_fp16" not in manifest["graphs"]["encoder"]["files"]:
         return {}
-    return {"tensorrt fp16": (lambda: TensorRTWithOrtHeads.from_artifact(artifact, manifest), "fp16")}
+    return {"tensorrt fp16": (lambda: create_backend("tensorrt", artifact, manifest=manifest), "fp16")}
 
 
 def sample(batch: int, seq: int) -> dict[str, np.ndarray]:
@@ -271,7 +271,7 @@ def resident_states(artifact: Path, sentences: list[str]) -> dict:
     """One served batch (run_batch: encoder + sentiment, similarity and embed rows) on ORT CUDA, with the encoder's
     states kept on the GPU between encoder and heads (I/O binding) and copied through the host, side by side."""
     from bertzoo import tasks as T
-    from bertzoo.serving.backends import OnnxRuntimeBackend
+    from bertzoo.serving.backends import create_backend
     from bertzoo.serving.engine import EMBED, Work, prepare_inputs, run_batch
     from bertzoo.tokenization import Tokenizer
 
@@ -282,7 +282,7 @@ def resident_states(artifact: Path, sentences: list[str]) -> dict:
     inputs = prepare_inputs(works, 128, tokenizer.pad_id)
     result = {}
     for resident in (True, False):
-        backend = OnnxRuntimeBackend(artifact, device="cuda", resident_states=resident)
+        backend = create_backend("onnxruntime", artifact, device="cuda", resident_states=resident)
         result["resident_ms" if resident else "host_ms"] = gpu_time(lambda b=backend: run_batch(b, works, inputs, "mean"))
     result["host_over_resident"] = result["host_ms"] / result["resident_ms"]
     return result
@@ -290,12 +290,12 @@ def resident_states(artifact: Path, sentences: list[str]) -> dict:
 
 def served(run: str, sentences: list[str], work: Path) -> dict:
     """`bertzoo serve` (torch, fp16, CUDA graphs) in a process of its own; the load generator in another."""
+    from bertzoo.serving.backends import create_backend
     from bertzoo.serving.client import BertzooClient
     from bertzoo.tasks import Limits
-    from bertzoo.trainer.evaluate import TorchBackend
 
     model, tokenizer, config, _ = load_run(run)
-    backend = TorchBackend(model.cuda().eval(), torch.device("cuda"), "fp16", cuda_graphs=True)
+    backend = create_backend("torch", model.cuda().eval(), device="cuda", precision="fp16", cuda_graphs=True)
     examples = [SentenceExample(str(i), s, None) for i, s in enumerate(sentences)]
     limits: Limits = config.limits
     for _ in range(2):  # the first pass captures the graphs

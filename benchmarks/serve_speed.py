@@ -47,13 +47,14 @@ def in_process_ceiling(artifact: str, variant: str, sentences: list[str], thread
     """Sentences per second through the backend + shared pipeline, batches of 64, no transport."""
     from bertzoo import pipeline
     from bertzoo.artifact import load_manifest
-    from bertzoo.serving.backends import OnnxRuntimeBackend
+    from bertzoo.serving.backends import create_backend
     from bertzoo.tasks import Limits
     from bertzoo.tokenization import Tokenizer
 
     manifest = load_manifest(artifact)
     # Spinning on: with the cores to itself this is the backend's best (the server turns it off, see --ort-spinning).
-    backend = OnnxRuntimeBackend(artifact, variant, threads=threads, manifest=manifest, spinning=True)
+    backend = create_backend("onnxruntime", artifact, variant=variant, threads=threads, manifest=manifest,
+                             spinning=True)
     tokenizer = Tokenizer.from_file(Path(artifact) / manifest["tokenizer"])
     limits = Limits(**manifest["limits"])
     examples = [SentenceExample(str(i), s, None) for i, s in enumerate(sentences)]

@@ -24,10 +24,10 @@ import numpy as np
 from bertzoo import pipeline
 from bertzoo.datafiles import load_split
 from bertzoo.qa import SpanPrediction, best_null_threshold, squad_metrics, with_null_threshold
+from bertzoo.serving.backends import create_backend
 from bertzoo.tokenization import Tokenizer
 from bertzoo.trainer.checkpoint import TOKENIZER, load_model
 from bertzoo.trainer.config import TrainConfig
-from bertzoo.trainer.evaluate import TorchBackend
 
 
 def answers_at(threshold: float, predictions: dict[str, SpanPrediction], ids) -> dict[str, str]:
@@ -65,7 +65,7 @@ def main() -> None:
     tokenizer = Tokenizer.from_file(directory / TOKENIZER)
     examples = load_split(args.data, "qa", "dev")
     started = time.perf_counter()
-    predictions = pipeline.predict(TorchBackend(model), "qa", examples, tokenizer, limits, allow_impossible=False)
+    predictions = pipeline.predict(create_backend("torch", model), "qa", examples, tokenizer, limits, allow_impossible=False)
     print(f"{len(examples)} dev questions predicted in {time.perf_counter() - started:.0f} s")
     by_id = {e.id: p for e, p in zip(examples, predictions, strict=True)}
     spans = {e.id: p.answer for e, p in zip(examples, predictions, strict=True)}

@@ -2,8 +2,8 @@
 serving share, so a model scores the same in ``bertzoo eval``, in the export's parity report and through the server.
 
 A backend is anything with two methods (numpy in, numpy out): ``encode`` runs the encoder over a padded batch and
-``head`` runs one task's head. The PyTorch model (trainer/evaluate.py), the ONNX Runtime graphs and the TensorRT
-engines (serving/backends.py) each provide one.
+``head`` runs one task's head. Every engine (ONNX Runtime, PyTorch, TensorRT) is in serving/backends/, made by its
+``create_backend``.
 """
 
 from __future__ import annotations

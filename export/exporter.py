@@ -100,7 +100,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, options: ExportOp
 
 def _export_into(work: Path, out: Path, model, train_config: TrainConfig, tokenizer: Tokenizer, source: Path,
                  buckets: tuple[int, ...], options: ExportOptions) -> dict:
-    from bertzoo.serving.backends import OnnxRuntimeBackend, TensorRTWithOrtHeads
+    from bertzoo.serving.backends import OnnxRuntimeBackend, TensorRTBackend, TensorRTWithOrtHeads, create_backend
 
     enc = model.config.encoder
     specs = onnx_graphs.export_graphs(model, work)
@@ -125,7 +125,7 @@ def _export_into(work: Path, out: Path, model, train_config: TrainConfig, tokeni
     draft = {"graphs": graphs}
     parity_reports = {}
     for variant in graphs["encoder"]["files"]:
-        backend = OnnxRuntimeBackend(work, variant, manifest=draft)
+        backend = create_backend("onnxruntime", work, variant=variant, manifest=draft)
         try:
             parity_reports[variant] = parity.check(model, backend, variant, splits, tokenizer, train_config.limits,
                                                     options.progress)
@@ -146,8 +146,8 @@ def _export_into(work: Path, out: Path, model, train_config: TrainConfig, tokeni
             fp16=True, timing_cache_path=trt_dir / "timing.cache")
         graphs["encoder"]["files"]["tensorrt_fp16"] = "tensorrt/encoder.fp16.plan"
         # The engine faces the same gates, at fp16 bounds: encoder on TensorRT, heads on ONNX Runtime as served.
-        engine_backend = TensorRTWithOrtHeads(tensorrt.TensorRTBackend(trt_dir / "encoder.fp16.plan"),
-                                              OnnxRuntimeBackend(work, "fp32", manifest=draft))
+        engine_backend = TensorRTWithOrtHeads(TensorRTBackend(trt_dir / "encoder.fp16.plan"),
+                                              OnnxRuntimeBackend(work, "fp32", manifest=draft, encoder=False))
         parity_reports["tensorrt_fp16"] = parity.check(model, engine_backend, "fp16", splits, tokenizer,
                                                        train_config.limits, options.progress)
     sentiment = task_spec("sentiment", train_config.sentiment_dataset)

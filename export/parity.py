@@ -20,12 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from bertzoo import pipeline
 from bertzoo import tasks as T
+from bertzoo.serving.backends import create_backend
 from bertzoo.tokenization import Tokenizer
-from bertzoo.trainer.evaluate import TorchBackend
 from bertzoo.trainer.heads import MultitaskModel
 
 
@@ -137,7 +136,7 @@ def check(model: MultitaskModel, candidate: pipeline.Backend, precision: str, sp
           tokenizer: Tokenizer, limits: T.Limits, progress: bool = False) -> dict:
     """Measure ``candidate`` against the PyTorch model; returns the report, raises ParityError if a bound is missed."""
     bounds = BOUNDS[precision]
-    reference = TorchBackend(model.float().eval(), torch.device("cpu"))
+    reference = create_backend("torch", model.float().eval(), device="cpu")
     tasks = list(model.heads)
     tensors = tensor_parity(reference, candidate, tasks, model.config.encoder.vocab_size)
     per_task = task_parity(reference, candidate, splits, tokenizer, limits, model.config.qa_null_threshold,

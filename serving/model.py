@@ -63,7 +63,7 @@ def _buckets(candidates: tuple[int, ...], limits: Limits) -> tuple[int, ...]:
 def _from_artifact(config: ServeConfig) -> ServedModel:
     from bertzoo.artifact import load_manifest
 
-    from .backends import OnnxRuntimeBackend, TensorRTWithOrtHeads
+    from .backends import create_backend
 
     directory = Path(config.model_dir)
     # Checks every file's sha256 and the manifest's own sections (and its signature) before anything runs.
@@ -74,11 +74,11 @@ def _from_artifact(config: ServeConfig) -> ServedModel:
               "paraphrase": tuple(manifest["labels"].get("paraphrase", PARAPHRASE_LABELS))}
     if config.backend == "tensorrt":
         variant, precision = "tensorrt_fp16", "fp16"
-        backend = TensorRTWithOrtHeads.from_artifact(directory, manifest, variant, threads=config.threads)
+        backend = create_backend("tensorrt", directory, variant=variant, threads=config.threads, manifest=manifest)
     else:
         variant, precision = config.variant, "int8" if config.variant == "int8" else "fp32"
-        backend = OnnxRuntimeBackend(directory, config.variant, threads=config.threads, device=config.device,
-                                     manifest=manifest, spinning=config.ort_spinning)
+        backend = create_backend("onnxruntime", directory, variant=config.variant, threads=config.threads,
+                                 device=config.device, manifest=manifest, spinning=config.ort_spinning)
     spec = ModelSpec(
         tasks=tuple(model["tasks"]), labels=labels, limits=limits, pooling=model["pooling"],
         qa_null_threshold=float(model.get("qa_null_threshold", 0.0)),
@@ -95,9 +95,8 @@ def _from_checkpoint(config: ServeConfig) -> ServedModel:
 
     from bertzoo.trainer.checkpoint import TOKENIZER, load_model
     from bertzoo.trainer.config import TrainConfig
-    from bertzoo.trainer.evaluate import TorchBackend
 
-    from .backends import check_available
+    from .backends import check_available, create_backend
 
     check_available("torch", config.device)
     if config.threads:
@@ -105,8 +104,8 @@ def _from_checkpoint(config: ServeConfig) -> ServedModel:
     model, saved, directory = load_model(config.model_dir)
     device = torch.device("cuda" if config.device == "cuda" else "cpu")
     precision = config.resolved_precision
-    backend = TorchBackend(model.to(device).eval(), device, precision,
-                           cuda_graphs=config.device == "cuda" and config.cuda_graphs)
+    backend = create_backend("torch", model.to(device).eval(), device=device, precision=precision,
+                             cuda_graphs=config.device == "cuda" and config.cuda_graphs)
     train_config = TrainConfig.from_dict(saved["train"])
     limits = train_config.limits
     spec = ModelSpec(

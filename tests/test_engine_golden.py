@@ -39,8 +39,8 @@ def works_for(tokenizer: Tokenizer) -> list[Work]:
 @pytest.fixture(scope="module")
 def golden(tiny_artifact, tmp_path_factory):
     """(run dir, artifact with every CPU variant, tokenizer, works, padded inputs, the PyTorch reference outputs)."""
+    from bertzoo.serving.backends import TorchBackend
     from bertzoo.trainer.checkpoint import load_model
-    from bertzoo.trainer.evaluate import TorchBackend
 
     run, _ = tiny_artifact
     artifact = tmp_path_factory.mktemp("golden") / "artifact"
@@ -77,8 +77,8 @@ def build(engine: str, run, artifact):
     if kind == "torch":
         import torch
 
+        from bertzoo.serving.backends import TorchBackend
         from bertzoo.trainer.checkpoint import load_model
-        from bertzoo.trainer.evaluate import TorchBackend
 
         model, _, _ = load_model(run)
         return TorchBackend(model.to(device).eval(), torch.device(device), precision=precision)

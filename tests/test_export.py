@@ -16,9 +16,8 @@ from bertzoo.data import PairExample, SentenceExample
 from bertzoo.export import ort_kernel
 from bertzoo.export.exporter import ExportError, ExportOptions, export_checkpoint
 from bertzoo.export.sparsegen_onnx import DOMAIN, OP_TYPE, count_nodes
-from bertzoo.serving.backends import OnnxRuntimeBackend
+from bertzoo.serving.backends import OnnxRuntimeBackend, TorchBackend
 from bertzoo.trainer.checkpoint import load_model
-from bertzoo.trainer.evaluate import TorchBackend
 from bertzoo.trainer.train import train
 
 SSAF = {"attention": "sparsegen_lin", "sparsegen_lambda": -1.0}

@@ -46,7 +46,7 @@ def batch(rows: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("precision, graphs, atol", [("fp32", False, 1e-4), ("fp32", True, 1e-4),
                                                      ("fp16", True, 2e-2), ("bf16", False, 1e-1)])
 def test_torch_cuda_backend_matches_cpu(attention, precision, graphs, atol):
-    from bertzoo.trainer.evaluate import TorchBackend
+    from bertzoo.serving.backends import TorchBackend
 
     reference = TorchBackend(tiny_model(attention))
     candidate = TorchBackend(tiny_model(attention).cuda(), torch.device("cuda"), precision, cuda_graphs=graphs)

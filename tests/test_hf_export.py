@@ -13,11 +13,11 @@ from bertzoo import tasks as T
 from bertzoo.datafiles import load_split, samples_dir
 from bertzoo.export.exporter import ExportOptions, export_checkpoint
 from bertzoo.export.hf import HFExportError, write_hf
+from bertzoo.serving.backends import TorchBackend
 from bertzoo.serving.client import BertzooClient
 from bertzoo.serving.grpc_server import ServerThread
 from bertzoo.tokenization import Tokenizer, pad_batch
 from bertzoo.trainer.checkpoint import load_model
-from bertzoo.trainer.evaluate import TorchBackend
 from bertzoo.trainer.heads import ModelConfig, MultitaskModel
 from bertzoo.trainer.model import EncoderConfig
 from conftest import TINY_ENCODER, serve_config

@@ -253,8 +253,8 @@ def test_texts_within_the_limit_are_answered_the_same_under_both_overlong_polici
 
 
 def test_the_pytorch_reference_backend_serves_a_checkpoint(tiny_artifact, served):
+    from bertzoo.serving.backends import TorchBackend
     from bertzoo.trainer.checkpoint import load_model
-    from bertzoo.trainer.evaluate import TorchBackend
 
     run, artifact = tiny_artifact
     model, _, directory = load_model(run)

@@ -22,6 +22,7 @@ import torch
 from bertzoo.export import sparsegen_onnx
 from bertzoo.export import tensorrt as bz_trt
 from bertzoo.export.tensorrt import TensorRTUnavailable, require_tensorrt
+from bertzoo.serving.backends import TensorRTBackend
 
 # Run as `python -c KERNEL_CHECK <device>`; exits non-zero with the failing case on any mismatch.
 KERNEL_CHECK = textwrap.dedent("""
@@ -210,7 +211,7 @@ def test_engine_matches_torch(tiny_export, trt_module, fp16, atol):
     assert [p["seq"] for p in report["profiles"]] == [[1, 8, 8], [9, 16, 16], [17, 32, 32]]
 
     bz_trt.register_sparsegen_plugin()  # idempotent: the backend registers again
-    backend = bz_trt.TensorRTBackend(engine)
+    backend = TensorRTBackend(engine)
     for seed, (b, t) in enumerate([(1, 5), (3, 16), (4, 30), (2, 9)]):
         batch = _batch(b, t, seed)
         got = backend.encode(batch)

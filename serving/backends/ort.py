@@ -1,10 +1,7 @@
-"""Inference backends behind the one small interface of ``bertzoo.pipeline.Backend`` (encode + head, numpy in and out).
-
-- :class:`OnnxRuntimeBackend`: the exported graphs on ONNX Runtime, on the CPU or (``device="cuda"``, with the
-  onnxruntime-gpu package) on the CUDA execution provider. Torch-free.
-- :class:`TensorRTWithOrtHeads`: the encoder as the artifact's TensorRT engine, the heads on ONNX Runtime.
-- The PyTorch reference backend is ``bertzoo.trainer.evaluate.TorchBackend`` (imports torch; CPU or CUDA).
-"""
+"""The ONNX Runtime engine: the artifact's encoder (a variant: fp32, optimized, int8) and head graphs, each an ORT
+session, on the CPU or (``device="cuda"``, with the onnxruntime-gpu package) the CUDA execution provider, where the
+encoder's states stay on the GPU between encoder and heads. Torch-free; onnxruntime is imported when an engine is
+made."""
 
 from __future__ import annotations
 
@@ -14,6 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from bertzoo.artifact import ArtifactError, load_manifest
+
+from .base import BackendUnavailable
 
 VARIANTS = ("fp32", "optimized", "int8")
 
@@ -31,10 +30,6 @@ def session_options(threads: int | None = None, spinning: bool = False):
     options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     return options
-
-
-class BackendUnavailable(RuntimeError):
-    """The backend or device asked for cannot run in this installation; the message says what to install."""
 
 
 ORT_GPU_HINT = ("install the GPU build of ONNX Runtime in place of the CPU one: `pip uninstall -y onnxruntime && pip "
@@ -60,43 +55,6 @@ def ort_providers(device: str) -> list:
     # to 8e-3 on an H100, over the export's fp32 bound of 1e-3 (benchmarks/RESULTS.md, GPU verification).
     # The CPU provider stays in the list: ONNX Runtime places shape arithmetic there on purpose.
     return [("CUDAExecutionProvider", {"device_id": "0", "use_tf32": "0"}), "CPUExecutionProvider"]
-
-
-def check_model_dir(backend: str, model_dir: str, verify_key: str | None = None) -> None:
-    """Fail fast when ``model_dir`` is not what ``backend`` serves: an export artifact, or for torch a checkpoint."""
-    if backend == "torch":
-        from bertzoo.trainer.checkpoint import resolve_checkpoint
-
-        resolve_checkpoint(model_dir)  # NotACheckpoint names the path and what to pass
-    else:
-        load_manifest(model_dir, verify=False, verify_key=verify_key)  # file hashes: when the model loads
-
-
-def check_available(backend: str, device: str) -> None:
-    """Fail fast, before a server binds its port, when ``backend`` cannot run on ``device`` in this installation."""
-    if backend == "onnxruntime":
-        try:
-            import onnxruntime  # noqa: F401
-        except ImportError as e:
-            raise BackendUnavailable(f"the onnxruntime backend needs ONNX Runtime ({e}): pip install "
-                                     "'bertzoo[serve]', or 'bertzoo[serve-gpu]' for --device cuda") from e
-        ort_providers(device)
-        return
-    try:
-        import torch
-    except ImportError as e:
-        raise BackendUnavailable(f"the {backend} backend needs torch ({e}): pip install 'bertzoo[train]', or serve "
-                                 "an export artifact with the onnxruntime backend, which needs no torch") from e
-    if device == "cuda" and not torch.cuda.is_available():
-        raise BackendUnavailable(f"--device cuda: torch {torch.__version__} sees no CUDA GPU; install a CUDA build of "
-                                 "torch on a machine with an NVIDIA driver")
-    if backend == "tensorrt":
-        from bertzoo.export.tensorrt import TensorRTUnavailable, require_tensorrt
-
-        try:
-            require_tensorrt()
-        except TensorRTUnavailable as e:
-            raise BackendUnavailable(str(e)) from e
 
 
 def provider_names(providers: list) -> list[str]:
@@ -232,37 +190,3 @@ class OnnxRuntimeBackend:
             binding.bind_output(output.name)  # the heads' outputs are small: to the host
         session.run_with_iobinding(binding)
         return tuple(binding.copy_outputs_to_cpu())
-
-
-class TensorRTWithOrtHeads:
-    """The artifact's TensorRT encoder engine (``export/tensorrt.py``) with the heads on ONNX Runtime, which are small
-    and stay float32 (on the same GPU where onnxruntime-gpu is installed, else on the CPU)."""
-
-    def __init__(self, encoder, heads: OnnxRuntimeBackend) -> None:
-        self._encoder, self._heads = encoder, heads
-        self.tasks = heads.tasks
-
-    @classmethod
-    def from_artifact(cls, directory: str | Path, manifest: dict, variant: str = "tensorrt_fp16",
-                      threads: int | None = None) -> TensorRTWithOrtHeads:
-        from bertzoo.export.tensorrt import TensorRTBackend, TensorRTUnavailable
-
-        encoders = manifest["graphs"]["encoder"]["files"]
-        if variant not in encoders:
-            raise ArtifactError(f"{directory}: no TensorRT engine in this artifact (its encoders: {sorted(encoders)}); "
-                                "export it with `bertzoo export --trt` on the GPU that will serve it")
-        try:
-            encoder = TensorRTBackend(Path(directory) / encoders[variant])
-        except TensorRTUnavailable as e:
-            raise BackendUnavailable(str(e)) from e
-        try:
-            heads = OnnxRuntimeBackend(directory, threads=threads, device="cuda", manifest=manifest, encoder=False)
-        except BackendUnavailable:
-            heads = OnnxRuntimeBackend(directory, threads=threads, device="cpu", manifest=manifest, encoder=False)
-        return cls(encoder, heads)
-
-    def encode(self, batch: dict[str, np.ndarray]) -> np.ndarray:
-        return self._encoder.encode(batch)
-
-    def head(self, task: str, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
-        return self._heads.head(task, inputs)

@@ -1,0 +1,11 @@
+"""What every engine shares: the encoder's input and output names, and the error that says an engine cannot run here
+and what to install."""
+
+from __future__ import annotations
+
+ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # the encoder graph's (export/onnx_graphs.py)
+ENCODER_OUTPUT = "last_hidden_state"
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend or device asked for cannot run in this installation; the message says what to install."""

@@ -1,0 +1,68 @@
+"""The PyTorch engine: the reference model (trainer/) in fp32, or its encoder in fp16 / bf16, on the CPU or a CUDA GPU,
+optionally replayed as CUDA graphs. torch is imported when an engine is made, so the torch-free install imports this
+module too."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+    from bertzoo.trainer.heads import MultitaskModel
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+class TorchBackend:
+    """The PyTorch reference backend: numpy in, numpy out, as ``bertzoo.pipeline.Backend`` asks.
+
+    ``precision`` fp16 / bf16 casts the encoder's weights to that type (so use it on a model of its own, as the
+    server does); the heads are small and stay float32, fed the encoder's states as float32, as on every engine.
+    ``cuda_graphs`` replays the encoder as captured CUDA graphs (trainer/cuda_graphs.py), for a model on a GPU.
+    """
+
+    def __init__(self, model: MultitaskModel, device: torch.device | None = None, precision: str = "fp32",
+                 cuda_graphs: bool = False) -> None:
+        import torch
+
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        self._torch = torch
+        self.model = model
+        self.device = device or next(model.parameters()).device
+        self.precision = precision
+        self.dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
+        if self.dtype != torch.float32:
+            model.encoder.to(self.dtype)
+        self.graphs = None
+        if cuda_graphs:
+            if self.device.type != "cuda":
+                raise ValueError(f"CUDA graphs need a model on a CUDA device, this one is on {self.device}")
+            from bertzoo.trainer.cuda_graphs import GraphedEncoder
+
+            model.eval()
+            self.graphs = GraphedEncoder(self._encode_tensors, self.device)
+
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        return self._torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+
+    def _encode_tensors(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        with self._torch.no_grad():
+            return self.model.encode(inputs)
+
+    def encode(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        self.model.eval()
+        with self._torch.no_grad():
+            if self.graphs is not None and (states := self.graphs.encode(batch)) is not None:
+                return states
+            return self._encode_tensors({k: self._tensor(v) for k, v in batch.items()}).float().cpu().numpy()
+
+    def head(self, task: str, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+        self.model.eval()
+        with self._torch.no_grad():
+            # By name: the heads' forward parameters are the graph input names (states, mask, states_a, ...).
+            out = self.model.heads[task](**{k: self._tensor(v) for k, v in inputs.items()})
+        return tuple(o.float().cpu().numpy() for o in (out if isinstance(out, tuple) else (out,)))
