@@ -35,20 +35,27 @@ def tiny_train_config(tmp_path):
     return make
 
 
+def raise_on_call(monkeypatch, owner, name: str, at_call: int):
+    """Replace ``owner.name`` so that its ``at_call``-th call raises KeyboardInterrupt, where a killed process would
+    stop; returns the real function, to put back."""
+    real, calls = getattr(owner, name), {"n": 0}
+
+    def crash(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == at_call:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, crash)
+    return real
+
+
 def interrupt_training(monkeypatch, config, at_loss_call: int) -> None:
     """Train with ``config`` until its ``at_loss_call``-th task loss, and raise KeyboardInterrupt there, as a killed
     run would stop; the run directory keeps whatever checkpoints were written before."""
     from bertzoo.trainer import train as train_module
 
-    real_loss, calls = train_module.task_loss, {"n": 0}
-
-    def crash(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == at_loss_call:
-            raise KeyboardInterrupt
-        return real_loss(*args, **kwargs)
-
-    monkeypatch.setattr(train_module, "task_loss", crash)
+    real_loss = raise_on_call(monkeypatch, train_module, "task_loss", at_loss_call)
     with pytest.raises(KeyboardInterrupt):
         train_module.train(config)
     monkeypatch.setattr(train_module, "task_loss", real_loss)

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from bertzoo.cli import main
 from bertzoo.trainer import train as train_module
 from bertzoo.trainer.checkpoint import load_model, resolve_checkpoint
-from conftest import TINY_ENCODER, interrupt_training
+from conftest import TINY_ENCODER, interrupt_training, raise_on_call
 
 
 def test_train_writes_atomic_checkpoints_and_log(tiny_train_config):
@@ -56,15 +56,8 @@ def test_a_run_killed_during_a_mid_epoch_save_resumes_losing_at_most_save_every_
 
     # Killed while writing the checkpoint of step 9: the one of step 6 stays LATEST.
     interrupted = tiny_train_config(out_dir=str(tmp_path / "b"), eval_every_epoch=False, save_every=3)
-    real_save, saves = ckpt.save_file, {"n": 0}
-
-    def dies_in_third_save(*args, **kwargs):
-        saves["n"] += 1
-        if saves["n"] == 5:  # each checkpoint writes two safetensors files: this is the 3rd checkpoint's first
-            raise KeyboardInterrupt
-        return real_save(*args, **kwargs)
-
-    monkeypatch.setattr(ckpt, "save_file", dies_in_third_save)
+    # Each checkpoint writes two safetensors files: the 5th write is the first of the 3rd checkpoint.
+    real_save = raise_on_call(monkeypatch, ckpt, "save_file", 5)
     with pytest.raises(KeyboardInterrupt):
         train_module.train(interrupted)
     monkeypatch.setattr(ckpt, "save_file", real_save)
