@@ -268,14 +268,7 @@ def predict(checkpoint: str, task: str, as_json: bool, texts: tuple[str, ...]) -
     _, pointer = resolve_checkpoint_pointer(checkpoint)
     click.echo(f"using {directory}" + (f" (the run's {pointer} checkpoint)" if pointer else ""), err=True)
     outputs = predict_outputs(model, task, examples, tokenizer, config.limits)
-    if task == "sentiment":
-        results = T.postprocess_sentiment(outputs, T.task_spec("sentiment", config.sentiment_dataset))
-    elif task == "paraphrase":
-        results = T.paraphrase_results(outputs)
-    elif task == "similarity":
-        results = T.similarity_results(outputs)
-    else:
-        results = outputs
+    results = T.answers(task, outputs, T.task_spec("sentiment", config.sentiment_dataset).labels)
     if as_json:
         click.echo(json.dumps({"results": [asdict(r) for r in results]}, indent=2, ensure_ascii=False))
         return

@@ -159,6 +159,17 @@ def postprocess_similarity(scores: np.ndarray) -> np.ndarray:
     return np.clip(np.asarray(scores, dtype=np.float64).reshape(-1), 0.0, 5.0)
 
 
+def answers(task: str, outputs, sentiment_labels: Sequence[str]) -> list:
+    """The answer dataclasses of ``pipeline.predict``'s outputs for ``task`` (QA's already are: decoded spans)."""
+    if task == "sentiment":
+        return postprocess_sentiment(outputs, TaskSpec("sentiment", "", "accuracy", tuple(sentiment_labels)))
+    if task == "paraphrase":
+        return paraphrase_results(outputs)
+    if task == "similarity":
+        return similarity_results(outputs)
+    return list(outputs)
+
+
 def paraphrase_results(logits: np.ndarray) -> list[ParaphraseResult]:
     return [ParaphraseResult(float(p), bool(p >= 0.5)) for p in postprocess_paraphrase(logits)]
 

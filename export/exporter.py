@@ -81,11 +81,10 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, options: ExportOp
         require_tensorrt()  # fail in a second with what to install, not after minutes of export
     model, saved, source = load_model(checkpoint)
     model = model.float().eval()
-    if options.hf and model.config.encoder.attention != "softmax":
-        from .hf import HFExportError
+    if options.hf:
+        from .hf import check_exportable
 
-        raise HFExportError(f"--hf: this encoder's attention is {model.config.encoder.attention}, which "
-                            "transformers' BertModel cannot compute; export it without --hf")
+        check_exportable(model)
     train_config = TrainConfig.from_dict(saved["train"])
     tokenizer = Tokenizer.from_file(source / TOKENIZER)
     limits = train_config.limits

@@ -56,13 +56,19 @@ def _head_recipes(model: MultitaskModel) -> dict[str, dict]:
     return {task: recipes[task] for task in model.heads}
 
 
+def check_exportable(model: MultitaskModel) -> None:
+    """Refuse a model transformers cannot compute, before any export work starts."""
+    attention = model.config.encoder.attention
+    if attention != "softmax":
+        raise HFExportError(f"--hf: this encoder's attention is {attention}, which transformers' BertModel cannot "
+                            "compute (it would silently use softmax); export it without --hf")
+
+
 def write_hf(model: MultitaskModel, tokenizer: Tokenizer, tokenizer_file: Path, directory: Path,
              max_seq_length: int, labels: dict) -> list[str]:
     """Write the Hugging Face directory; returns the files written (relative to ``directory``)."""
+    check_exportable(model)
     enc = model.config.encoder
-    if enc.attention != "softmax":
-        raise HFExportError(f"--hf: this encoder's attention is {enc.attention}, which transformers' BertModel "
-                            "cannot compute (it would silently use softmax); export it without --hf")
     directory.mkdir(parents=True)
 
     def write_json(name: str, data: dict) -> None:

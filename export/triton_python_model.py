@@ -78,17 +78,13 @@ def answer(backend: BLSBackend, tokenizer: Tokenizer, settings: dict, task: str,
         return [{"values": [float(x) for x in row]} for row in pooled]
     if task == "sentiment":
         examples = [SentenceExample(str(i), t, None) for i, t in enumerate(texts_a)]
-        spec = T.TaskSpec("sentiment", "", "accuracy", tuple(settings["labels"]["sentiment"]))
-        results = T.postprocess_sentiment(pipeline.predict(backend, task, examples, tokenizer, limits), spec)
     elif task == "qa":
         examples = [QAExample(str(i), q, c, (), (), False) for i, (q, c) in enumerate(zip(texts_a, texts_b, strict=True))]
-        results = pipeline.predict(backend, task, examples, tokenizer, limits,
-                                   null_threshold=settings["model"]["qa_null_threshold"])
     else:
         examples = [PairExample(str(i), a, b, None) for i, (a, b) in enumerate(zip(texts_a, texts_b, strict=True))]
-        outputs = pipeline.predict(backend, task, examples, tokenizer, limits)
-        results = T.paraphrase_results(outputs) if task == "paraphrase" else T.similarity_results(outputs)
-    return [asdict(r) for r in results]
+    outputs = pipeline.predict(backend, task, examples, tokenizer, limits,
+                               null_threshold=settings["model"]["qa_null_threshold"])
+    return [asdict(r) for r in T.answers(task, outputs, settings["labels"]["sentiment"])]
 
 
 class TritonPythonModel:

@@ -19,6 +19,8 @@ import numpy as np
 from bertzoo.pipeline import PAIR_TASKS, Backend
 from bertzoo.tokenization import Encoding, QAWindow, pad_batch
 
+from .backends.base import rows_mask
+
 Row = Encoding | QAWindow
 EMBED = "embed"  # not a head: pooled encoder states
 
@@ -76,8 +78,7 @@ class HostStates:
     def select(self, rows: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """States and mask of ``rows``, cut to their longest sequence and zero past each one's end (right padding),
         equal to ``pipeline.pad_states`` of the trimmed rows."""
-        mask = self.mask[rows]
-        mask = mask[:, :int(mask.sum(axis=1).max())]
+        mask = rows_mask(self.mask, rows)
         return self.states[rows, :mask.shape[1]] * mask[..., None].astype(self.states.dtype), mask
 
     host = select  # the states already are on the host

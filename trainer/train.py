@@ -323,10 +323,10 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
             if done % epoch_steps == 0 or done == total_steps:
                 metrics, best = _end_of_epoch(config, env, model, optimizer, tokenizer, dev_splits, calibration,
                                               streams, done, best, log_file, extra_state)
-                last_save = time.monotonic()
+                last_save = time.perf_counter()
             elif _checkpoint_due(config, env, done, last_save):
                 _save(config, env, model, optimizer, tokenizer, {}, streams, done, best, False, extra_state)
-                last_save = time.monotonic()
+                last_save = time.perf_counter()
     finally:
         bar.close()
         if log_file:

@@ -12,7 +12,7 @@ import numpy as np
 
 from bertzoo.artifact import ArtifactError, load_manifest
 
-from .base import BackendUnavailable
+from .base import BackendUnavailable, rows_mask
 
 VARIANTS = ("fp32", "optimized", "int8")
 
@@ -94,8 +94,7 @@ class DeviceStates:
         self._backend, self._states, self.mask = backend, states, mask
 
     def select(self, rows):
-        mask = self.mask[rows]
-        mask = np.ascontiguousarray(mask[:, :int(mask.sum(axis=1).max())], dtype=np.int64)
+        mask = rows_mask(self.mask, rows)
         return self._backend.select_rows(self._states, rows, mask), mask
 
     def host(self, rows) -> tuple[np.ndarray, np.ndarray]:
