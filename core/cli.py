@@ -357,6 +357,12 @@ def _serve_option(*decls: str, name: str, **kwargs):
 @_serve_option("--max-message-bytes", name="max_message_bytes", type=int,
                help="Bytes per request message; larger ones are answered RESOURCE_EXHAUSTED and counted [default: "
                     "room for --max-items pairs of --max-text-chars 4-byte characters].")
+@_serve_option("--max-request-tokens", name="max_request_tokens", type=int,
+               help="Encoder tokens per request (every sentence and QA window); costlier requests are refused with "
+                    "INVALID_ARGUMENT.")
+@_serve_option("--long-request-tokens", name="long_request_tokens", type=int,
+               help="Requests costing more encoder tokens than this run in the long-request lane, at low CPU "
+                    "priority, so short requests are not held behind them.")
 @_serve_option("--overlong", name="overlong", type=click.Choice(["truncate", "reject"]),
                help="A sentence over the model's max_seq_length tokens (or a question over qa_max_question_tokens): "
                     "truncate it as training did, or reject the request with INVALID_ARGUMENT.")

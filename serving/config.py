@@ -60,6 +60,11 @@ class ServeConfig:
     # (gRPC's own default, 4 MiB, refused 64 long texts before bertzoo saw them, and uncounted).
     max_message_bytes: int | None = None
     overlong: str = "truncate"  # a text over its token limit: "truncate" (as in training) or "reject"
+    # A request's cost is its encoder tokens (every sequence, every QA window). Over max_request_tokens it is refused
+    # (INVALID_ARGUMENT); over long_request_tokens it runs in the long-request lane (serving/batcher.py), in batches
+    # that interleave with everyone else's. 32768 tokens: 64 SQuAD-sized QA items, or a 20,000-character context.
+    max_request_tokens: int = 32768
+    long_request_tokens: int = 4096
     batch: BatchSettings = field(default_factory=BatchSettings)
     tls_cert: str | None = None  # PEM certificate chain; with tls_key, the server speaks TLS only
     tls_key: str | None = None
@@ -100,7 +105,7 @@ class ServeConfig:
             raise ValueError("auth_token is empty; leave it unset to turn authentication off")
         if self.max_message_bytes is not None and self.max_message_bytes < 1024:
             raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
-        for name in ("max_items", "max_text_chars", "tokenize_threads"):
+        for name in ("max_items", "max_text_chars", "tokenize_threads", "max_request_tokens", "long_request_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("port", "metrics_port"):

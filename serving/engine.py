@@ -38,6 +38,38 @@ class Work:
         return max(len(r.input_ids) for r in self.rows)
 
 
+def encoder_tokens(works: Sequence[Work]) -> int:
+    """A request's cost: the tokens of every sequence the encoder runs for it (every QA window), before padding."""
+    return sum(len(row.input_ids) for work in works for row in work.rows)
+
+
+def split_windows(works: Sequence[Work]) -> tuple[list[Work], list[int]]:
+    """Each QA work cut into one work per window (a window's logits depend on that window alone), so a long request
+    spreads over several batches; other works stay whole (a pair's two sentences share one pass). Returns the pieces
+    and how many pieces each work became, for :func:`join_windows`."""
+    pieces: list[Work] = []
+    counts: list[int] = []
+    for work in works:
+        parts = [Work(work.task, (row,)) for row in work.rows] if work.task == "qa" else [work]
+        pieces.extend(parts)
+        counts.append(len(parts))
+    return pieces, counts
+
+
+def join_windows(outputs: Sequence[object], counts: Sequence[int]) -> list[object]:
+    """The outputs of :func:`split_windows`' pieces put back together: one per original work, in order."""
+    joined: list[object] = []
+    k = 0
+    for n in counts:
+        parts = outputs[k:k + n]
+        if n == 1:
+            joined.append(parts[0])
+        else:  # a QA work's windows: (start logits per window, end logits per window)
+            joined.append(([s for p in parts for s in p[0]], [e for p in parts for e in p[1]]))
+        k += n
+    return joined
+
+
 PAD_MULTIPLE = 8  # lengths rounded up to this: fewer distinct shapes for the runtime, SIMD-friendly widths
 
 

@@ -27,12 +27,12 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from .batcher import Batcher
-from .config import ServeConfig
+from .batcher import Batcher, model_worker
+from .config import BatchSettings, ServeConfig
 from .engine import padded_width, run_batch
 from .interceptors import BearerTokenInterceptor, MalformedRequestInterceptor
 from .metrics import Metrics
-from .model import ServedModel, load_served_model, runtime_versions, warm_up
+from .model import ServedModel, load_served_model, release_freed_memory, runtime_versions, warm_up
 from .proto import SERVICE_NAME, pb2_grpc
 from .servicer import BertzooServicer
 from .tasks_service import TaskService
@@ -64,6 +64,7 @@ class BertzooServer:
         self._servicer: BertzooServicer | None = None
         self._health: health.aio.HealthServicer | None = None
         self._batcher: Batcher | None = None
+        self._long_lane: Batcher | None = None
         self._service: TaskService | None = None
 
     def _count_refused(self, method: str, code: grpc.StatusCode, reason: str) -> None:
@@ -121,17 +122,31 @@ class BertzooServer:
         """Load and warm up the model (on a thread: the event loop keeps answering health), then report SERVING."""
         assert self._health is not None, "start() first"
         config = self.config
-        served = await asyncio.to_thread(self._loader, config)
+        # Loaded on the main lane's worker thread, whose CPU priority the engine's threads inherit.
+        loop = asyncio.get_running_loop()
+        main_worker = model_worker("main")
+        served = await loop.run_in_executor(main_worker, self._loader, config)
         if config.warmup:
-            await asyncio.to_thread(warm_up, served)
+            await loop.run_in_executor(main_worker, warm_up, served)
         backend, pooling = served.backend, served.spec.pooling
         # Items are grouped for batching by the width they will be padded to: with pad_to="longest" their own length
         # rounded up to 8 (a batch pads no row by more than 7 tokens), with pad_to="bucket" the length bucket.
         group = padded_width if config.batch.pad_to == "longest" else served.spec.bucket_for
         self._batcher = Batcher(lambda works, inputs: run_batch(backend, works, inputs, pooling),
-                                group, served.tokenizer.pad_id, config.batch, self.metrics)
+                                group, served.tokenizer.pad_id, config.batch, self.metrics, executor=main_worker)
         self._batcher.start()
-        self._service = TaskService(served, self._batcher, config, self.metrics)
+        if served.spare_backend is not None:
+            # The long-request lane: its own engine instance, built and run on a low-priority thread.
+            worker = model_worker("long")
+            spare = await loop.run_in_executor(worker, served.spare_backend)
+            if config.warmup:
+                await loop.run_in_executor(worker, warm_up, served, spare)
+            self._long_lane = Batcher(lambda works, inputs: run_batch(spare, works, inputs, pooling), group,
+                                      served.tokenizer.pad_id, long_lane_settings(config), self.metrics,
+                                      lane="long", executor=worker)
+            self._long_lane.start()
+        release_freed_memory()
+        self._service = TaskService(served, self._batcher, config, self.metrics, self._long_lane)
         spec = served.spec
         self.metrics.build_info.info({"backend": spec.backend, "device": spec.device, "precision": spec.precision,
                                       "variant": spec.variant, "version": _version()})
@@ -156,12 +171,24 @@ class BertzooServer:
             if self._servicer is not None and self._servicer.cut_at_shutdown:
                 log.warning("shutdown: %d calls still running when the %.1f s grace ran out were cut (CANCELLED, "
                             "reason shutdown)", self._servicer.cut_at_shutdown, grace)
-        if self._batcher is not None:
-            await self._batcher.close(timeout=1.0)  # the calls are done: only cancelled leftovers can remain
+        for batcher in (self._batcher, self._long_lane):
+            if batcher is not None:
+                await batcher.close(timeout=1.0)  # the calls are done: only cancelled leftovers can remain
         if self._service is not None:
             self._service.close()
         self.metrics.close()
         log.info("stopped")
+
+
+# The long lane's batches: a few QA windows (4 x 384 tokens: ~0.4 s on 2 cores), so a cancelled request or one
+# past its deadline stops soon, and the engine's memory stays that of a small batch.
+LONG_LANE_BATCH_TOKENS = 2048
+
+
+def long_lane_settings(config: ServeConfig) -> BatchSettings:
+    return BatchSettings(max_batch_size=config.batch.max_batch_size,
+                         max_batch_tokens=min(config.batch.max_batch_tokens, LONG_LANE_BATCH_TOKENS),
+                         max_queue=config.batch.max_queue, pad_to=config.batch.pad_to)
 
 
 def _version() -> str:

@@ -51,8 +51,11 @@ class Metrics:
                                     buckets=BATCH_SIZE_BUCKETS, registry=r)
         self.batch_tokens = Histogram("bertzoo_batch_tokens", "Padded tokens (rows x bucket length) per batch.",
                                       buckets=BATCH_TOKEN_BUCKETS, registry=r)
-        self.queue_depth = Gauge("bertzoo_queue_depth", "Requests waiting in the batcher queue.", registry=r)
-        self.queue_sequences = Gauge("bertzoo_queue_sequences", "Sequences waiting in the batcher queue.", registry=r)
+        # lane: "main", or "long" for requests over --long-request-tokens (serving/batcher.py)
+        self.queue_depth = Gauge("bertzoo_queue_depth", "Requests waiting in a batcher queue, by lane.", ["lane"],
+                                 registry=r)
+        self.queue_sequences = Gauge("bertzoo_queue_sequences", "Sequences waiting in a batcher queue, by lane.",
+                                     ["lane"], registry=r)
         self.inflight = Gauge("bertzoo_inflight_requests", "RPCs being handled.", registry=r)
         self.requests = Counter("bertzoo_requests", "RPCs answered, by task and status code.", ["task", "code"],
                                 registry=r)

@@ -4,9 +4,11 @@ checkpoint (the PyTorch reference backend)."""
 
 from __future__ import annotations
 
+import ctypes
 import importlib.metadata
 import logging
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +55,10 @@ class ServedModel:
     spec: ModelSpec
     tokenizer: Tokenizer
     backend: Backend
+    # Makes a second instance of the engine for the long-request lane (serving/batcher.py), called on that lane's
+    # low-priority thread; None where a second instance does not pay (a GPU: its kernels are short, and one device
+    # runs one stream of work) and long requests share the main lane.
+    spare_backend: Callable[[], Backend] | None = None
 
 
 def _buckets(candidates: tuple[int, ...], limits: Limits) -> tuple[int, ...]:
@@ -79,6 +85,11 @@ def _from_artifact(config: ServeConfig) -> ServedModel:
         variant, precision = config.variant, "int8" if config.variant == "int8" else "fp32"
         backend = create_backend("onnxruntime", directory, variant=config.variant, threads=config.threads,
                                  device=config.device, manifest=manifest, spinning=config.ort_spinning)
+    spare = None
+    if config.backend == "onnxruntime" and config.device == "cpu":
+        def spare() -> Backend:  # the files were hash-checked above; spinning off: this lane only takes idle time
+            return create_backend("onnxruntime", directory, variant=config.variant, threads=config.threads,
+                                  manifest=manifest)
     spec = ModelSpec(
         tasks=tuple(model["tasks"]), labels=labels, limits=limits, pooling=model["pooling"],
         qa_null_threshold=float(model.get("qa_null_threshold", 0.0)),
@@ -87,7 +98,7 @@ def _from_artifact(config: ServeConfig) -> ServedModel:
         device=config.device, precision=precision,
         artifact_versions={k: str(v) for k, v in manifest.get("versions", {}).items()},
     )
-    return ServedModel(spec, Tokenizer.from_file(directory / manifest["tokenizer"]), backend)
+    return ServedModel(spec, Tokenizer.from_file(directory / manifest["tokenizer"]), backend, spare)
 
 
 def _from_checkpoint(config: ServeConfig) -> ServedModel:
@@ -128,20 +139,31 @@ def load_served_model(config: ServeConfig) -> ServedModel:
     return served
 
 
-def warm_up(served: ServedModel) -> None:
-    """Run the encoder once per length bucket, and every head, so no client pays for first-run allocations."""
+def warm_up(served: ServedModel, backend: Backend | None = None) -> None:
+    """Run the encoder (of ``backend``, default the main one) once per length bucket, and every head, so no client
+    pays for first-run allocations."""
+    backend = backend if backend is not None else served.backend
     tok = served.tokenizer
     for bucket in served.spec.length_buckets:
         ids = np.full((1, bucket), tok.unk_id, dtype=np.int64)
         ids[0, 0], ids[0, -1] = tok.cls_id, tok.sep_id
         mask = np.ones_like(ids)
-        states = served.backend.encode({"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})
+        states = backend.encode({"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})
         for task in served.spec.tasks:
             if task in ("paraphrase", "similarity"):
-                served.backend.head(task, {"states_a": states, "mask_a": mask, "states_b": states, "mask_b": mask})
+                backend.head(task, {"states_a": states, "mask_a": mask, "states_b": states, "mask_b": mask})
             else:
-                served.backend.head(task, {"states": states, "mask": mask})
+                backend.head(task, {"states": states, "mask": mask})
     log.info("warmed up on length buckets %s", served.spec.length_buckets)
+
+
+def release_freed_memory() -> None:
+    """Hand the heap's freed pages back to the operating system (glibc): loading an engine parses its ONNX files into
+    objects freed once the sessions exist, ~50 MB per engine that resident memory would otherwise keep."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
 
 
 def runtime_versions(backend: str) -> dict[str, str]:

@@ -23,7 +23,7 @@ from bertzoo.tokenization import Encoding
 
 from .batcher import Batcher
 from .config import ServeConfig
-from .engine import EMBED, Work
+from .engine import EMBED, Work, encoder_tokens, join_windows, split_windows
 from .errors import InvalidRequest
 from .metrics import Metrics
 from .model import ServedModel
@@ -42,10 +42,13 @@ class Timing:
 
 
 class TaskService:
-    def __init__(self, served: ServedModel, batcher: Batcher, config: ServeConfig, metrics: Metrics) -> None:
+    def __init__(self, served: ServedModel, batcher: Batcher, config: ServeConfig, metrics: Metrics,
+                 long_lane: Batcher | None = None) -> None:
+        """``long_lane``: where requests over ``config.long_request_tokens`` go (default: ``batcher``)."""
         self.spec = served.spec
         self._tokenizer = served.tokenizer
         self._batcher = batcher
+        self._long_lane = long_lane if long_lane is not None else batcher
         self._config = config
         self._metrics = metrics
         self._sentiment = T.TaskSpec("sentiment", "sentence sentiment", "accuracy", served.spec.labels["sentiment"])
@@ -117,8 +120,19 @@ class TaskService:
         self._batcher.check_room()  # a full queue refuses at once, before any tokenizing
         works = await asyncio.get_running_loop().run_in_executor(self._pool, build)
         tokenized = time.perf_counter()
-        job = self._batcher.submit(works, None if timeout is None else timeout - (tokenized - started))
-        outputs = await job.future
+        cost, limit = encoder_tokens(works), self._config.max_request_tokens
+        if cost > limit:
+            raise InvalidRequest(f"this request is {cost} encoder tokens (QA contexts count once per window of "
+                                 f"{self.spec.limits.qa_max_length}), the limit is {limit} per request "
+                                 "(max_request_tokens); send fewer or shorter items", reason="request_too_costly")
+        timeout = None if timeout is None else timeout - (tokenized - started)
+        if cost > self._config.long_request_tokens:
+            pieces, counts = split_windows(works)
+            job = self._long_lane.submit(pieces, timeout)
+            outputs = join_windows(await job.future, counts)
+        else:
+            job = self._batcher.submit(works, timeout)
+            outputs = await job.future
         assert job.first_start is not None and job.last_end is not None  # set for every delivered job
         timing = Timing(queue=job.first_start - job.submitted, tokenize=tokenized - started,
                         inference=job.last_end - job.first_start, total=time.perf_counter() - started)

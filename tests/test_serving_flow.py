@@ -122,7 +122,7 @@ def test_a_full_queue_answers_resource_exhausted_at_once(controlled):
     running_call = client.stub.Sentiment.future(request("occupies the model"), timeout=30)
     wait_for(lambda: backend.batch_rows)
     queued = [client.stub.Sentiment.future(request(f"waits {i}"), timeout=30) for i in range(MAX_QUEUE)]
-    wait_for(lambda: sample(running, "bertzoo_queue_depth") == MAX_QUEUE)
+    wait_for(lambda: sample(running, "bertzoo_queue_depth", lane="main") == MAX_QUEUE)
     started = time.monotonic()
     with pytest.raises(grpc.RpcError) as error:
         client.sentiment(["one too many"])
@@ -148,7 +148,7 @@ def test_a_request_past_its_deadline_is_dropped_before_compute(controlled):
                             reason="deadline") == before + 1)
     time.sleep(0.05)
     assert backend.batch_rows == [1]  # only the first request ever reached the model
-    assert sample(running, "bertzoo_queue_depth") == 0
+    assert sample(running, "bertzoo_queue_depth", lane="main") == 0
 
 
 def test_a_cancelled_request_is_dropped_before_compute(controlled):
@@ -158,9 +158,9 @@ def test_a_cancelled_request_is_dropped_before_compute(controlled):
     first = client.stub.Sentiment.future(request("occupies the model"), timeout=30)
     wait_for(lambda: backend.batch_rows)
     cancelled = client.stub.Sentiment.future(request("never mind", "me neither"), timeout=30)
-    wait_for(lambda: sample(running, "bertzoo_queue_sequences") == 2)
+    wait_for(lambda: sample(running, "bertzoo_queue_sequences", lane="main") == 2)
     assert cancelled.cancel()
-    wait_for(lambda: sample(running, "bertzoo_queue_sequences") == 0)  # out of the queue before the model is free
+    wait_for(lambda: sample(running, "bertzoo_queue_sequences", lane="main") == 0)  # out of the queue before the model is free
     first.result()
     wait_for(lambda: sample(running, "bertzoo_request_failures_total", task="sentiment", code="CANCELLED",
                             reason="cancelled") == before + 1)

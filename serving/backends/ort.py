@@ -29,6 +29,25 @@ def session_options(threads: int | None = None, spinning: bool = False):
     options.intra_op_num_threads = threads or os.cpu_count() or 1
     options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    # No memory patterns: ORT keeps one planned block per input shape it has seen, and a server sees a new shape per
+    # batch width, so resident memory only grew (same speed without, measured on the encoder).
+    options.enable_mem_pattern = False
+    return options
+
+
+# ONNX Runtime's CPU arena keeps the largest block a batch ever needed. A batch bigger than this (rows x width^2:
+# attention's share of the memory) gives its blocks back when it ends, so one worst-case input cannot leave the
+# server holding gigabytes. 64 x 96^2 covers full batches of sentences up to 96 tokens and 4 QA windows of 384; giving
+# blocks back after every batch would cost ~30% on small ones (measured: benchmarks/RESULTS.md).
+ARENA_KEEP_CELLS = 64 * 96 * 96
+
+
+def arena_shrink_options():
+    """RunOptions that shrink the CPU arena at the end of the run."""
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
     return options
 
 
@@ -142,6 +161,7 @@ class OnnxRuntimeBackend:
         self._heads = sessions
         self.tasks = tuple(self._heads)
         self._ort = ort
+        self._shrink = arena_shrink_options() if device == "cpu" else None
         self.resident_states = (device == "cuda" if resident_states is None else resident_states) and encoder
         if self.resident_states:
             self._ort_device = "cuda" if device == "cuda" else "cpu"
@@ -169,7 +189,9 @@ class OnnxRuntimeBackend:
     def encode(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         feed = {k: np.ascontiguousarray(batch[k], dtype=np.int64)
                 for k in ("input_ids", "attention_mask", "token_type_ids")}
-        return self._encoder.run(None, feed)[0]
+        rows, width = feed["input_ids"].shape
+        big = self._shrink is not None and rows * width * width > ARENA_KEEP_CELLS
+        return self._encoder.run(None, feed, self._shrink if big else None)[0]
 
     def head(self, task: str, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
         if task not in self._heads:
