@@ -122,6 +122,7 @@ class Batcher:
         self.lane = lane
         self._queue_depth = metrics.queue_depth.labels(lane)
         self._queue_sequences = metrics.queue_sequences.labels(lane)
+        metrics.queue_limit.labels(lane).set(settings.max_queue)
         self._bucket_for = bucket_for
         self._pad_id = pad_id
         self._settings = settings

@@ -46,8 +46,13 @@ def channel_options(retries: bool = True, keepalive_seconds: float = 30.0) -> li
     options: list[tuple[str, object]] = [("grpc.max_send_message_length", -1),
                                          ("grpc.max_receive_message_length", 64 << 20),
                                          ("grpc.enable_retries", int(retries))]
+    # round_robin: where the target resolves to several servers (a headless Kubernetes Service, DNS with one record
+    # per replica, or "ipv4:10.0.0.1:50051,10.0.0.2:50051"), calls spread over all of them instead of gRPC's default
+    # of one connection to the first; with one address nothing changes.
+    config: dict = {"loadBalancingConfig": [{"round_robin": {}}]}
     if retries:
-        options.append(("grpc.service_config", json.dumps(RETRY_SERVICE_CONFIG)))
+        config.update(RETRY_SERVICE_CONFIG)
+    options.append(("grpc.service_config", json.dumps(config)))
     if keepalive_seconds:
         options += [("grpc.keepalive_time_ms", int(keepalive_seconds * 1000)), ("grpc.keepalive_timeout_ms", 10000),
                     ("grpc.keepalive_permit_without_calls", 1)]

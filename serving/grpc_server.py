@@ -152,12 +152,14 @@ class BertzooServer:
                                       "variant": spec.variant, "version": _version()})
         for service in ("", SERVICE_NAME):
             await self._health.set(service, SERVING)
+        self.metrics.ready.set(1)
         log.info("ready: health SERVING (%s on %s, %s)", spec.backend, spec.device, spec.precision)
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop accepting calls, let accepted ones finish (up to ``grace`` seconds; None: the configured
         shutdown_grace), then stop everything."""
         grace = self.config.shutdown_grace if grace is None else grace
+        self.metrics.ready.set(0)
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
         if self._server is not None:

@@ -56,6 +56,10 @@ class Metrics:
                                  registry=r)
         self.queue_sequences = Gauge("bertzoo_queue_sequences", "Sequences waiting in a batcher queue, by lane.",
                                      ["lane"], registry=r)
+        self.queue_limit = Gauge("bertzoo_queue_limit", "Requests a lane's queue holds (--max-queue): saturation is "
+                                 "bertzoo_queue_depth / bertzoo_queue_limit.", ["lane"], registry=r)
+        self.ready = Gauge("bertzoo_ready", "1 while health reports SERVING (model loaded and warmed up, not "
+                           "draining), else 0.", registry=r)
         self.inflight = Gauge("bertzoo_inflight_requests", "RPCs being handled.", registry=r)
         self.requests = Counter("bertzoo_requests", "RPCs answered, by task and status code.", ["task", "code"],
                                 registry=r)

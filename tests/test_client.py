@@ -95,3 +95,20 @@ def test_a_client_certificate_needs_its_key(tmp_path):
     cert, _ = self_signed(tmp_path)
     with pytest.raises(ValueError, match="needs its private key"):
         BertzooClient("127.0.0.1:1", root_certificates=cert, certificate_chain=cert)
+
+
+def test_a_target_with_several_servers_spreads_calls_over_all_of_them(running, tiny_artifact):
+    """round_robin in the client's service config: a target resolving to several replicas (a headless Service)
+    sends calls to each, where gRPC's default (pick_first) would send all of them to one."""
+    _, artifact = tiny_artifact
+    with ServerThread(serve_config(artifact)) as second:
+        target = f"ipv4:127.0.0.1:{running.port},127.0.0.1:{second.port}"
+        before = [s.metrics.registry.get_sample_value("bertzoo_requests_total", {"task": "sentiment", "code": "OK"})
+                  or 0.0 for s in (running, second)]
+        with BertzooClient(target) as client:
+            for i in range(20):
+                client.sentiment([f"call {i}"])
+        after = [s.metrics.registry.get_sample_value("bertzoo_requests_total", {"task": "sentiment", "code": "OK"})
+                 for s in (running, second)]
+    shares = [a - b for a, b in zip(after, before, strict=True)]
+    assert sum(shares) == 20 and min(shares) >= 5, shares

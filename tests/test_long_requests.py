@@ -129,3 +129,31 @@ def test_a_long_request_past_its_deadline_stops_between_batches(engines):
     assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     time.sleep(1.5)  # ample time for the rest of the batches, had they run
     assert 1 <= len(long.passes) <= 2  # the batch cut ahead of time, due after the deadline, did not run
+
+
+def test_a_big_batch_hands_the_arena_back_and_a_small_one_keeps_it(tiny_artifact):
+    """ONNX Runtime's CPU arena keeps the largest block any batch needed: after a batch over ARENA_KEEP_CELLS the
+    engine asks it to shrink (one worst-case input must not leave the server holding gigabytes), and memory patterns
+    (one planned block per input shape) are off."""
+    import numpy as np
+
+    from bertzoo.serving.backends import create_backend
+    from bertzoo.serving.backends.ort import ARENA_KEEP_CELLS
+
+    _, artifact = tiny_artifact
+    backend = create_backend("onnxruntime", artifact, threads=1)
+    assert not backend._encoder.get_session_options().enable_mem_pattern
+    seen = []
+    real_run = backend._encoder.run
+    backend._encoder = type("Recorder", (), {"run": lambda self, out, feed, options=None: (
+        seen.append(options), real_run(out, feed, options))[1]})()
+
+    def batch(rows: int, width: int) -> dict:
+        ids = np.full((rows, width), 5, dtype=np.int64)
+        return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+
+    backend.encode(batch(2, 16))
+    rows = ARENA_KEEP_CELLS // (128 * 128) + 1
+    backend.encode(batch(rows, 128))
+    assert seen[0] is None
+    assert seen[1] is not None and seen[1].get_run_config_entry("memory.enable_memory_arena_shrinkage") == "cpu:0"

@@ -160,7 +160,8 @@ def test_a_cancelled_request_is_dropped_before_compute(controlled):
     cancelled = client.stub.Sentiment.future(request("never mind", "me neither"), timeout=30)
     wait_for(lambda: sample(running, "bertzoo_queue_sequences", lane="main") == 2)
     assert cancelled.cancel()
-    wait_for(lambda: sample(running, "bertzoo_queue_sequences", lane="main") == 0)  # out of the queue before the model is free
+    # out of the queue before the model is free
+    wait_for(lambda: sample(running, "bertzoo_queue_sequences", lane="main") == 0)
     first.result()
     wait_for(lambda: sample(running, "bertzoo_request_failures_total", task="sentiment", code="CANCELLED",
                             reason="cancelled") == before + 1)
