@@ -333,13 +333,18 @@ def _serve_option(*decls: str, name: str, **kwargs):
 
 @main.command()
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False), envvar="BERTZOO_MODEL_DIR")
-@_serve_option("--backend", name="backend", type=click.Choice(["onnxruntime", "torch", "tensorrt"]),
-               help="onnxruntime: MODEL_DIR is a `bertzoo export` artifact; tensorrt: an artifact exported with --trt "
-                    "(needs --device cuda); torch: a checkpoint or run directory (the PyTorch reference backend).")
+@_serve_option("--backend", name="backend", type=click.Choice(["onnxruntime", "torch", "tensorrt", "openvino"]),
+               help="onnxruntime: MODEL_DIR is a `bertzoo export` artifact; openvino: the same artifact on OpenVINO "
+                    "(CPU; pip install 'bertzoo[openvino]'); tensorrt: an artifact exported with --trt (needs --device "
+                    "cuda); torch: a checkpoint or run directory (the PyTorch reference backend).")
 @_serve_option("--device", name="device", type=click.Choice(["cpu", "cuda"]),
                help="cuda: the first visible NVIDIA GPU (onnxruntime needs the onnxruntime-gpu package).")
 @_serve_option("--precision", name="precision", type=click.Choice(["auto", "fp32", "fp16", "bf16"]),
-               help="torch backend: what the encoder computes in; auto = fp16 on cuda, fp32 on cpu.")
+               help="torch: what the encoder computes in, auto = fp16 on cuda, fp32 on cpu; openvino: fp32 or bf16, "
+                    "auto = bf16 where the CPU has native bf16 (AVX-512 BF16, AMX), else fp32.")
+@_serve_option("--openvino-cache-dir", name="openvino_cache_dir", type=click.Path(file_okay=False),
+               help="openvino: where compiled models are cached, so a restart does not compile again "
+                    "[default: ~/.cache/bertzoo/openvino].")
 @_serve_option("--cuda-graphs/--no-cuda-graphs", name="cuda_graphs",
                help="torch backend on cuda: replay the encoder as one captured CUDA graph per batch shape.")
 @_serve_option("--variant", name="variant", type=click.Choice(["fp32", "optimized", "int8"]),

@@ -7,10 +7,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-BACKENDS = ("onnxruntime", "torch", "tensorrt")
+BACKENDS = ("onnxruntime", "torch", "tensorrt", "openvino")
 DEVICES = ("cpu", "cuda")
-# auto: fp16 on a GPU (as a TensorRT fp16 engine), fp32 on the CPU. Only the torch backend has a choice: an ONNX
-# Runtime artifact's precision is its variant, a TensorRT engine's the one it was built with.
+# auto: fp16 on a GPU (as a TensorRT fp16 engine), fp32 on the CPU; with openvino, bf16 where the CPU computes it
+# natively (AVX-512 BF16 or AMX), else fp32. Only torch and openvino have a choice: an ONNX Runtime artifact's
+# precision is its variant, a TensorRT engine's the one it was built with.
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 OVERLONG_POLICIES = ("truncate", "reject")
 
@@ -46,6 +47,7 @@ class ServeConfig:
     precision: str = "auto"  # torch backend only; see PRECISIONS
     cuda_graphs: bool = True  # torch on cuda: replay one captured CUDA graph per (batch, length) shape
     variant: str = "fp32"  # onnxruntime encoder variant: fp32, optimized or int8
+    openvino_cache_dir: str | None = None  # OpenVINO's compiled-model cache; None: ~/.cache/bertzoo/openvino
     threads: int | None = None  # intra-op threads of the backend; None: all cores
     # ORT worker threads spin between ops when on. Off by default: a server shares its cores with gRPC, the event loop
     # and the tokenizer, and spinning threads starve them (measured: +28% throughput with it off, RESULTS.md).
@@ -84,10 +86,15 @@ class ServeConfig:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.backend == "tensorrt" and self.device != "cuda":
             raise ValueError("the tensorrt backend runs on a GPU only: add --device cuda")
-        if self.precision != "auto" and self.backend != "torch":
+        if self.backend == "openvino":
+            if self.device != "cpu":
+                raise ValueError("the openvino backend runs on the CPU: drop --device cuda")
+            if self.precision not in ("auto", "fp32", "bf16"):
+                raise ValueError(f"the openvino backend computes in fp32 or bf16 (auto picks), not {self.precision}")
+        elif self.precision != "auto" and self.backend != "torch":
             raise ValueError(f"precision is chosen at export for the {self.backend} backend (the artifact's variant "
                              "or engine); leave it at auto")
-        if self.precision in ("fp16", "bf16") and self.device == "cpu":
+        elif self.precision in ("fp16", "bf16") and self.device == "cpu":
             raise ValueError(f"precision {self.precision} needs --device cuda; the CPU reference runs fp32")
         if self.overlong not in OVERLONG_POLICIES:
             raise ValueError(f"overlong must be one of {OVERLONG_POLICIES}, got {self.overlong!r}")

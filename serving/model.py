@@ -81,6 +81,14 @@ def _from_artifact(config: ServeConfig) -> ServedModel:
     if config.backend == "tensorrt":
         variant, precision = "tensorrt_fp16", "fp16"
         backend = create_backend("tensorrt", directory, variant=variant, threads=config.threads, manifest=manifest)
+    elif config.backend == "openvino":
+        backend = create_backend("openvino", directory, precision=config.precision, threads=config.threads,
+                                 manifest=manifest, cache_dir=config.openvino_cache_dir)
+        variant, precision = f"openvino_{backend.precision}", backend.precision
+        log.info("openvino %s: inference precision %s (%s), model cache %s", backend.version, precision,
+                 "asked for" if config.precision != "auto" else "auto: " + (
+                     "the CPU computes bf16 natively" if precision == "bf16" else "no native bf16 on this CPU"),
+                 backend.cache_dir or "off")
     else:
         variant, precision = config.variant, "int8" if config.variant == "int8" else "fp32"
         backend = create_backend("onnxruntime", directory, variant=config.variant, threads=config.threads,
@@ -90,6 +98,10 @@ def _from_artifact(config: ServeConfig) -> ServedModel:
         def spare() -> Backend:  # the files were hash-checked above; spinning off: this lane only takes idle time
             return create_backend("onnxruntime", directory, variant=config.variant, threads=config.threads,
                                   manifest=manifest)
+    elif config.backend == "openvino":
+        def spare() -> Backend:  # compiled from the cache the main engine just filled
+            return create_backend("openvino", directory, precision=precision, threads=config.threads,
+                                  manifest=manifest, cache_dir=config.openvino_cache_dir)
     spec = ModelSpec(
         tasks=tuple(model["tasks"]), labels=labels, limits=limits, pooling=model["pooling"],
         qa_null_threshold=float(model.get("qa_null_threshold", 0.0)),
@@ -170,7 +182,8 @@ def runtime_versions(backend: str) -> dict[str, str]:
     """The versions this server process runs with (reported by ModelInfo)."""
     packages = ["bertzoo", "grpcio", "protobuf", "numpy", "tokenizers"]
     packages += {"onnxruntime": ["onnxruntime", "onnxruntime-gpu"], "torch": ["torch"],
-                 "tensorrt": ["tensorrt", "onnxruntime", "onnxruntime-gpu"]}[backend]
+                 "tensorrt": ["tensorrt", "onnxruntime", "onnxruntime-gpu"],
+                 "openvino": ["openvino", "onnxruntime"]}[backend]
     versions = {"python": platform.python_version()}
     for name in packages:
         try:

@@ -23,7 +23,7 @@ QA = [("When was the tower finished?", "The Eiffel Tower in Paris was finished i
 
 # Per engine: how far its outputs may be from the fp32 PyTorch reference (head logits and scores, QA logits,
 # unit-length embeddings). fp32 engines differ by float summation order only; int8 and fp16 move the states.
-ATOL = {"fp32": 1e-4, "optimized": 1e-3, "int8": 0.25, "fp16": 0.05}
+ATOL = {"fp32": 1e-4, "optimized": 1e-3, "int8": 0.25, "fp16": 0.05, "bf16": 0.05}
 
 
 def works_for(tokenizer: Tokenizer) -> list[Work]:
@@ -88,6 +88,13 @@ def build(engine: str, run, artifact):
         if device == "cuda" and not _ort_has("CUDAExecutionProvider"):
             pytest.skip("onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)")
         return OnnxRuntimeBackend(artifact, precision, threads=1, device=device)
+    if kind == "openvino":
+        pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install 'bertzoo[openvino]')")
+        from bertzoo.serving.backends import OpenVinoBackend, openvino
+
+        if precision == "bf16" and not openvino.cpu_has_bf16():
+            pytest.skip("this CPU has no native bf16 (AVX-512 BF16 or AMX)")
+        return OpenVinoBackend(artifact, precision, threads=1)
     if kind == "tensorrt":
         try:
             import tensorrt  # noqa: F401
@@ -103,7 +110,8 @@ def build(engine: str, run, artifact):
 
 
 ENGINES = ["torch/cpu/fp32", "onnxruntime/cpu/fp32", "onnxruntime/cpu/optimized", "onnxruntime/cpu/int8",
-           "onnxruntime-resident/cpu/fp32", "torch/cuda/fp16", "onnxruntime/cuda/fp32", "tensorrt/cuda/fp16"]
+           "onnxruntime-resident/cpu/fp32", "openvino/cpu/fp32", "openvino/cpu/bf16",
+           "torch/cuda/fp16", "onnxruntime/cuda/fp32", "tensorrt/cuda/fp16"]
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -95,6 +95,25 @@ def test_onnxruntime_matches_torch_on_new_shapes(exported, variant):
                                    atol=1e-5)
 
 
+def test_openvino_matches_torch_sparsegen_included(exported):
+    """OpenVINO reads the SparsegenLin model-local function like any other (it inlines it): an SSAF encoder runs,
+    and matches the PyTorch model as ONNX Runtime does."""
+    pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install 'bertzoo[openvino]')")
+    from bertzoo.serving.backends import OpenVinoBackend
+
+    _, run, artifact = exported
+    model, _, _ = load_model(run)
+    ov_backend, torch_backend = OpenVinoBackend(artifact, "fp32", threads=1), TorchBackend(model)
+    rng = np.random.default_rng(1)
+    for b, t in ((1, 5), (6, 41), (3, 17)):  # new shapes after the first: OpenVINO takes dynamic shapes
+        batch = {"input_ids": rng.integers(1000, 2000, (b, t)), "attention_mask": np.ones((b, t), dtype=np.int64),
+                 "token_type_ids": np.zeros((b, t), dtype=np.int64)}
+        batch["attention_mask"][-1, t // 2:] = 0
+        real = batch["attention_mask"].astype(bool)
+        got, ref = ov_backend.encode(batch), torch_backend.encode(batch)
+        assert got.shape == ref.shape and np.abs(got[real] - ref[real]).max() < 1e-4
+
+
 def test_manifest_records_files_parity_and_refuses_a_tampered_file(exported, tmp_path):
     import shutil
 

@@ -1,0 +1,151 @@
+"""CPU engines side by side in one run: each engine and precision's encoder rate against the machine's measured GEMM
+peak, and `bertzoo serve` on each against its in-process ceiling.
+
+    python benchmarks/cpu_engines.py ARTIFACT --data ../shared/data/ids-sst-dev.csv [--threads 2] [--serve-seconds 20]
+
+ARTIFACT: a `bertzoo export --int8` output. Engines: ONNX Runtime fp32 and int8 (the artifact's variants), OpenVINO
+fp32, and OpenVINO bf16 where the CPU computes bf16 natively (AVX-512 BF16 or AMX). The encoder runs on every SST
+dev sentence in length-sorted batches of 64 through the engine as the server makes it (`create_backend`), twice,
+engines alternating; the best of the two rounds counts. Its work is counted in FLOPs (every layer's matrix products
+and attention, padding included) and set against the peak of one large fp32 matrix product on the same threads
+(ONNX Runtime's MatMul; an int8 engine's peak is higher, so its fraction reads high). Then each engine serves
+Sentiment to 64 closed-loop clients for --serve-seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bertzoo.artifact import load_manifest
+from bertzoo.serving.backends import create_backend, openvino
+from bertzoo.serving.load import load_items, run_load
+from bertzoo.tokenization import Tokenizer, pad_batch
+
+ENGINES = [("onnxruntime", "fp32"), ("onnxruntime", "int8"), ("openvino", "fp32"), ("openvino", "bf16")]
+
+
+def gemm_peak_gflops(threads: int, m: int = 4096, k: int = 384, n: int = 1536) -> float:
+    """GFLOP/s of one [m, k] x [k, n] fp32 MatMul on ONNX Runtime (the shape of the encoder's feed-forward layer)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((k, n), dtype=np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "gemm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])], [weight])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+                                   .SerializeToString(), options, providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(1).standard_normal((m, k), dtype=np.float32)
+    session.run(None, {"x": x})
+    best = min(_timed(lambda: session.run(None, {"x": x})) for _ in range(10))
+    return 2 * m * k * n / best / 1e9
+
+
+def _timed(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def encoder_flops(shapes: list[tuple[int, int]], layers: int, hidden: int, ffn: int) -> float:
+    """Matrix-product FLOPs of the encoder on batches of (rows, width): per token and layer 2 x (4 h^2 + 2 h f) for the
+    projections and the feed-forward, plus 2 x 2 x width x h for attention's two products."""
+    return sum(rows * width * layers * 2 * (4 * hidden * hidden + 2 * hidden * ffn + 2 * width * hidden)
+               for rows, width in shapes)
+
+
+def make(engine: str, precision: str, artifact: str, threads: int):
+    if engine == "openvino":
+        return create_backend("openvino", artifact, precision=precision, threads=threads)
+    return create_backend("onnxruntime", artifact, variant=precision, threads=threads)
+
+
+def serve_rate(artifact: str, engine: str, precision: str, threads: int, sentences: list[str], seconds: float,
+               port: int) -> dict:
+    flags = ["--backend", engine, *(["--precision", precision] if engine == "openvino" else ["--variant", precision])]
+    server = subprocess.Popen([sys.executable, "-m", "bertzoo", "serve", artifact, *flags, "--threads", str(threads),
+                               "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        from bertzoo.serving.client import BertzooClient
+
+        with BertzooClient(f"127.0.0.1:{port}") as client:
+            client.wait_ready(timeout=300)
+        asyncio.run(run_load(f"127.0.0.1:{port}", "sentiment", sentences, concurrency=64, duration=3))
+        return asyncio.run(run_load(f"127.0.0.1:{port}", "sentiment", sentences, concurrency=64,
+                                    duration=seconds)).summary()
+    finally:
+        server.terminate()
+        server.wait(60)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("artifact")
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--serve-seconds", type=float, default=20.0)
+    parser.add_argument("--port", type=int, default=50791)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    manifest = load_manifest(args.artifact)
+    encoder = manifest["model"]["encoder"]
+    tokenizer = Tokenizer.from_file(Path(args.artifact) / manifest["tokenizer"])
+    sentences = load_items("sentiment", args.data)
+    encodings = sorted(tokenizer.encode_sentences(sentences, manifest["limits"]["max_seq_length"]),
+                       key=lambda e: len(e.input_ids))
+    batches = [pad_batch(encodings[i:i + 64], tokenizer.pad_id, pad_to_multiple_of=8)
+               for i in range(0, len(encodings), 64)]
+    flops = encoder_flops([b["input_ids"].shape for b in batches], encoder["num_hidden_layers"],
+                          encoder["hidden_size"], encoder["intermediate_size"])
+    engines = [(e, p) for e, p in ENGINES if not (e == "openvino" and p == "bf16" and not openvino.cpu_has_bf16())]
+    results: dict = {"date": time.strftime("%Y-%m-%d"), "cpu": platform.processor() or platform.machine(),
+                     "cores": os.cpu_count(), "threads": args.threads,
+                     "cpu_flags": sorted(openvino.cpu_flags() & {"avx2", "fma", "avx512f", "avx512_vnni",
+                                                                  "avx512_bf16", "amx_tile", "amx_bf16"}),
+                     "sentences": len(encodings), "encoder_gflop": flops / 1e9}
+    results["gemm_peak_gflops"] = gemm_peak_gflops(args.threads)
+    print(f"GEMM peak (fp32 MatMul, {args.threads} threads): {results['gemm_peak_gflops']:.0f} GFLOP/s", flush=True)
+    backends = {f"{e}/{p}": make(e, p, args.artifact, args.threads) for e, p in engines}
+    seconds: dict[str, list[float]] = {name: [] for name in backends}
+    for _ in range(2):
+        for name, backend in backends.items():
+            backend.encode(batches[len(batches) // 2])
+            seconds[name].append(_timed(lambda b=backend: [b.encode(x) for x in batches]))
+    rows = []
+    for name, times in seconds.items():
+        best = min(times)
+        rows.append({"engine": name, "sentences_per_s": len(encodings) / best, "gflops": flops / best / 1e9,
+                     "fraction_of_gemm_peak": flops / best / 1e9 / results["gemm_peak_gflops"]})
+        print(f"{name:20} {rows[-1]['sentences_per_s']:7.1f} sentences/s  {rows[-1]['gflops']:6.1f} GFLOP/s  "
+              f"{rows[-1]['fraction_of_gemm_peak']:.2f} of the GEMM peak", flush=True)
+    results["in_process"] = rows
+    del backends
+    for row in rows:
+        engine, precision = row["engine"].split("/")
+        summary = serve_rate(args.artifact, engine, precision, args.threads, sentences, args.serve_seconds, args.port)
+        row["served_sentences_per_s"] = summary["items_per_s"]
+        row["served_p50_ms"], row["served_p99_ms"] = summary["p50_ms"], summary["p99_ms"]
+        row["served_fraction_of_in_process"] = summary["items_per_s"] / row["sentences_per_s"]
+        print(f"{row['engine']:20} served {summary['items_per_s']:7.1f} sentences/s "
+              f"({row['served_fraction_of_in_process']:.2f} of in-process), p50 {summary['p50_ms']:.0f} ms, "
+              f"p99 {summary['p99_ms']:.0f} ms", flush=True)
+    print(json.dumps(results, indent=1))
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

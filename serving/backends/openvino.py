@@ -1,0 +1,119 @@
+"""The OpenVINO engine (CPU): the artifact's fp32 ONNX encoder compiled by OpenVINO at an inference precision of
+fp32 or bf16, with OpenVINO's model cache so a restart does not compile again; the heads on ONNX Runtime (small, and
+float32 on every engine). openvino is imported when an engine is made (``pip install 'bertzoo[openvino]'``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from bertzoo.artifact import load_manifest
+
+from .base import ENCODER_INPUTS, BackendUnavailable
+from .ort import OnnxRuntimeBackend
+
+log = logging.getLogger("bertzoo.serving")
+
+PRECISIONS = ("auto", "fp32", "bf16")
+# OpenVINO's names for them (ov::hint::inference_precision)
+OV_PRECISION = {"fp32": "f32", "bf16": "bf16"}
+INSTALL_HINT = "pip install 'bertzoo[openvino]'"
+
+
+def cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux: nothing known
+        return set()
+    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+
+
+def cpu_has_bf16() -> bool:
+    """Native bf16 arithmetic: AVX-512 BF16 or AMX. Elsewhere OpenVINO would emulate it, slower than fp32."""
+    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+
+
+def resolve_precision(precision: str) -> str:
+    """``auto``: bf16 where the CPU computes it natively, fp32 elsewhere."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"the openvino backend's precision is one of {PRECISIONS}, got {precision!r}")
+    if precision == "auto":
+        return "bf16" if cpu_has_bf16() else "fp32"
+    return precision
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bertzoo" / "openvino"
+
+
+class OpenVinoBackend:
+    """``encode`` on OpenVINO, ``head`` on ONNX Runtime. Not thread-safe (one infer request): the server gives each
+    lane's worker its own engine."""
+
+    def __init__(self, directory: str | Path, precision: str = "auto", threads: int | None = None,
+                 manifest: dict | None = None, cache_dir: str | Path | None = None) -> None:
+        try:
+            import openvino as ov
+        except ImportError as e:
+            raise BackendUnavailable(f"the openvino backend needs OpenVINO ({e}): {INSTALL_HINT}") from e
+        directory = Path(directory)
+        self.manifest = manifest if manifest is not None else load_manifest(directory)
+        self.precision = resolve_precision(precision)
+        core = ov.Core()
+        self.cache_dir = _usable_cache_dir(cache_dir)
+        if self.cache_dir is not None:
+            core.set_property({"CACHE_DIR": str(self.cache_dir)})
+        encoder = directory / self.manifest["graphs"]["encoder"]["files"]["fp32"]
+        config = {"INFERENCE_PRECISION_HINT": OV_PRECISION[self.precision], "PERFORMANCE_HINT": "LATENCY",
+                  "INFERENCE_NUM_THREADS": threads or os.cpu_count() or 1}
+        try:
+            compiled = core.compile_model(_readable(core, encoder), "CPU", config)
+        except RuntimeError as e:  # e.g. an operator OpenVINO's ONNX reader does not know
+            raise BackendUnavailable(f"OpenVINO {ov.__version__} cannot compile {encoder}: {str(e).splitlines()[0]}; "
+                                     "serve it with --backend onnxruntime") from e
+        self._request = compiled.create_infer_request()
+        self._inputs = [name for name in ENCODER_INPUTS if any(name in p.get_names() for p in compiled.inputs)]
+        self._heads = OnnxRuntimeBackend(directory, threads=threads, manifest=self.manifest, encoder=False)
+        self.tasks = self._heads.tasks
+        self.version = ov.__version__
+
+    def encode(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        self._request.infer({name: np.ascontiguousarray(batch[name], dtype=np.int64) for name in self._inputs})
+        # A copy: the request's output buffer is reused by its next call.
+        return np.array(self._request.get_output_tensor(0).data, dtype=np.float32)
+
+    def head(self, task: str, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+        return self._heads.head(task, inputs)
+
+
+def _readable(core, path: Path):
+    """The encoder as OpenVINO can read it. An SSAF encoder's SparsegenLin is a model-local function of our own
+    domain, for which OpenVINO's ONNX reader has no rule (it does not expand functions): its body, made of standard
+    operators, goes in its place (tests/test_export.py checks the result against PyTorch). Other encoders are read
+    from the file as they are."""
+    import onnx
+    import onnx.inliner
+
+    model = onnx.load(str(path), load_external_data=False)
+    if not model.functions:
+        return str(path)
+    model = onnx.inliner.inline_local_functions(onnx.load(str(path)))
+    return core.read_model(model.SerializeToString())
+
+
+def _usable_cache_dir(cache_dir: str | Path | None) -> Path | None:
+    """The model cache directory, created if needed; None (compile at every start) where it cannot be written, e.g.
+    a read-only container filesystem without a cache volume."""
+    path = Path(cache_dir) if cache_dir else default_cache_dir()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        log.warning("OpenVINO model cache off: %s is not writable (%s); set --openvino-cache-dir", path, e)
+        return None
+    return path

@@ -1,0 +1,69 @@
+"""`bertzoo serve --backend openvino`: the same answers as ONNX Runtime, what it runs reported by ModelInfo and the
+build-info metric, its compiled-model cache, and one clear line where OpenVINO is missing or the settings cannot
+work."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from bertzoo.serving.backends import BackendUnavailable, check_available, openvino
+from bertzoo.serving.client import BertzooClient
+from bertzoo.serving.config import ServeConfig
+from bertzoo.serving.grpc_server import ServerThread
+from conftest import serve_config
+
+TEXTS = ["a gorgeous, witty film", "dull and lifeless from start to finish"]
+QA = [("When was the tower finished?", "The Eiffel Tower in Paris was finished in 1889 for the World's Fair.")]
+
+
+def test_without_openvino_the_backend_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "openvino", None)  # as if not installed
+    with pytest.raises(BackendUnavailable, match=r"bertzoo\[openvino\]"):
+        check_available("openvino", "cpu")
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"device": "cuda"}, "runs on the CPU"),
+    ({"precision": "fp16"}, "fp32 or bf16"),
+])
+def test_settings_openvino_cannot_honour_are_refused(settings, message):
+    with pytest.raises(ValueError, match=message):
+        ServeConfig("x", backend="openvino", **settings)
+
+
+def test_auto_precision_is_bf16_only_where_the_cpu_computes_it(monkeypatch):
+    monkeypatch.setattr(openvino, "cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16"})
+    assert openvino.resolve_precision("auto") == "bf16"
+    monkeypatch.setattr(openvino, "cpu_flags", lambda: {"avx2", "fma"})
+    assert openvino.resolve_precision("auto") == "fp32"
+    assert openvino.resolve_precision("bf16") == "bf16"  # asked for: given, even if emulated
+
+
+def test_openvino_serves_the_answers_onnxruntime_serves(tiny_artifact, tmp_path):
+    pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install 'bertzoo[openvino]')")
+    _, artifact = tiny_artifact
+    cache = tmp_path / "ov-cache"
+    answers = {}
+    for backend in ("onnxruntime", "openvino"):
+        config = serve_config(artifact, backend=backend, openvino_cache_dir=str(cache))
+        with ServerThread(config) as running, BertzooClient(f"127.0.0.1:{running.port}") as client:
+            info = client.model_info()
+            answers[backend] = (client.sentiment(TEXTS).results, client.qa(QA).results,
+                                np.array([e.values for e in client.embed(TEXTS).embeddings]))
+            build = running.metrics.registry.get_sample_value(
+                "bertzoo_build_info", {"backend": backend, "device": "cpu", "precision": info.precision,
+                                       "variant": info.variant, "version": info.runtime_versions["bertzoo"]})
+        assert info.backend == backend and build == 1
+        if backend == "openvino":
+            assert info.precision == openvino.resolve_precision("auto") and info.variant == f"openvino_{info.precision}"
+            assert "openvino" in info.runtime_versions
+    assert any(cache.iterdir())  # compiled once, cached for the next start
+    (ort_sentiment, ort_qa, ort_embed), (ov_sentiment, ov_qa, ov_embed) = answers["onnxruntime"], answers["openvino"]
+    assert [r.label for r in ov_sentiment] == [r.label for r in ort_sentiment]
+    np.testing.assert_allclose([p for r in ov_sentiment for p in r.probabilities],
+                               [p for r in ort_sentiment for p in r.probabilities], atol=1e-4)
+    assert [(a.answer, a.no_answer) for a in ov_qa] == [(a.answer, a.no_answer) for a in ort_qa]
+    np.testing.assert_allclose(ov_embed, ort_embed, atol=1e-4)
