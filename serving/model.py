@@ -85,6 +85,10 @@ def _from_artifact(config: ServeConfig) -> ServedModel:
         backend = create_backend("openvino", directory, precision=config.precision, threads=config.threads,
                                  manifest=manifest, cache_dir=config.openvino_cache_dir)
         variant, precision = f"openvino_{backend.precision}", backend.precision
+        from .parity_gate import check_engine
+
+        check_engine(backend, "openvino", precision, directory, manifest,
+                     Tokenizer.from_file(directory / manifest["tokenizer"]), limits, config.threads)
         log.info("openvino %s: inference precision %s (%s), model cache %s", backend.version, precision,
                  "asked for" if config.precision != "auto" else "auto: " + (
                      "the CPU computes bf16 natively" if precision == "bf16" else "no native bf16 on this CPU"),

@@ -64,7 +64,7 @@ def test_the_nginx_config_passes_nginx_t(tmp_path):
     conf.write_text(local.render_nginx_conf(["127.0.0.1:50061", "127.0.0.1:50062"], "127.0.0.1:50060", tmp_path))
     assert "test is successful" in run("nginx", "-t", "-p", str(tmp_path), "-c", str(conf))
     shipped = local.NGINX_CONF.read_text()
-    for directive in ("grpc_pass grpc://bertzoo;", "grpc_next_upstream error timeout non_idempotent;",
+    for directive in ("grpc_pass grpc://bertzoo;", "grpc_next_upstream error timeout invalid_header non_idempotent;",
                       "listen 50051 http2;"):
         assert directive in shipped
 

@@ -67,3 +67,18 @@ def test_openvino_serves_the_answers_onnxruntime_serves(tiny_artifact, tmp_path)
                                [p for r in ort_sentiment for p in r.probabilities], atol=1e-4)
     assert [(a.answer, a.no_answer) for a in ov_qa] == [(a.answer, a.no_answer) for a in ort_qa]
     np.testing.assert_allclose(ov_embed, ort_embed, atol=1e-4)
+
+
+def test_an_engine_that_misses_the_parity_bounds_never_serves(tiny_artifact, monkeypatch):
+    """The start-up gate measures OpenVINO against the artifact's fp32 ONNX Runtime engine: with an encoder bound no
+    engine can meet, loading stops with the measure that missed it."""
+    pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install 'bertzoo[openvino]')")
+    from bertzoo import parity
+    from bertzoo.serving.model import load_served_model
+    from bertzoo.serving.parity_gate import EngineParityError
+
+    _, artifact = tiny_artifact
+    strict = parity.Bounds(tensor_max_abs=0.0, same_class=0.5, pearson_delta=1.0, f1_delta=100.0)
+    monkeypatch.setitem(parity.BOUNDS, "fp32", strict)
+    with pytest.raises(EngineParityError, match=r"openvino fp32 does not reproduce .*encoder max abs diff"):
+        load_served_model(serve_config(artifact, backend="openvino", precision="fp32"))
