@@ -10,6 +10,9 @@ engines alternating; the best of the two rounds counts. Its work is counted in F
 and attention, padding included) and set against the peak of one large fp32 matrix product on the same threads
 (ONNX Runtime's MatMul; an int8 engine's peak is higher, so its fraction reads high). Then each engine serves
 Sentiment to 64 closed-loop clients for --serve-seconds.
+
+--nncf-calibration SST_TRAIN adds an in-process row the server does not offer: the encoder quantized to int8 by
+OpenVINO's own tool (NNCF, post-training, 300 training sentences), to see whether it is worth offering on this CPU.
 """
 
 from __future__ import annotations
@@ -66,6 +69,33 @@ def encoder_flops(shapes: list[tuple[int, int]], layers: int, hidden: int, ffn: 
                for rows, width in shapes)
 
 
+class NncfInt8Encoder:
+    """The artifact's encoder quantized by NNCF and compiled by OpenVINO (encode only: a benchmark row)."""
+
+    def __init__(self, artifact: str, threads: int, calibration: str, tokenizer: Tokenizer, max_length: int) -> None:
+        import nncf
+        import openvino as ov
+
+        texts = load_items("sentiment", calibration)[:300]
+        encodings = tokenizer.encode_sentences(texts, max_length)
+        dataset = [{k: np.ascontiguousarray(v, dtype=np.int64) for k, v in
+                    pad_batch(encodings[i:i + 8], tokenizer.pad_id, pad_to_multiple_of=8).items()}
+                   for i in range(0, len(encodings), 8)]
+        core = ov.Core()
+        model = core.read_model(str(Path(artifact) / "encoder.onnx"))
+        started = time.perf_counter()
+        quantized = nncf.quantize(model, nncf.Dataset(dataset), model_type=nncf.ModelType.TRANSFORMER,
+                                  subset_size=len(dataset))
+        self.quantize_seconds = time.perf_counter() - started
+        compiled = core.compile_model(quantized, "CPU", {"INFERENCE_NUM_THREADS": threads,
+                                                         "PERFORMANCE_HINT": "LATENCY"})
+        self._request = compiled.create_infer_request()
+
+    def encode(self, batch: dict) -> np.ndarray:
+        self._request.infer({k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")})
+        return np.array(self._request.get_output_tensor(0).data)
+
+
 def make(engine: str, precision: str, artifact: str, threads: int):
     if engine == "openvino":
         return create_backend("openvino", artifact, precision=precision, threads=threads)
@@ -98,6 +128,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--serve-seconds", type=float, default=20.0)
     parser.add_argument("--port", type=int, default=50791)
+    parser.add_argument("--nncf-calibration", help="SST training file: add an NNCF int8 OpenVINO row (in-process)")
     parser.add_argument("--out")
     args = parser.parse_args()
     manifest = load_manifest(args.artifact)
@@ -119,6 +150,10 @@ def main() -> None:
     results["gemm_peak_gflops"] = gemm_peak_gflops(args.threads)
     print(f"GEMM peak (fp32 MatMul, {args.threads} threads): {results['gemm_peak_gflops']:.0f} GFLOP/s", flush=True)
     backends = {f"{e}/{p}": make(e, p, args.artifact, args.threads) for e, p in engines}
+    if args.nncf_calibration:
+        backends["openvino/int8-nncf"] = NncfInt8Encoder(args.artifact, args.threads, args.nncf_calibration,
+                                                         tokenizer, manifest["limits"]["max_seq_length"])
+        results["nncf_quantize_seconds"] = backends["openvino/int8-nncf"].quantize_seconds
     seconds: dict[str, list[float]] = {name: [] for name in backends}
     for _ in range(2):
         for name, backend in backends.items():
@@ -135,6 +170,8 @@ def main() -> None:
     del backends
     for row in rows:
         engine, precision = row["engine"].split("/")
+        if precision == "int8-nncf":
+            continue  # the server does not offer it
         summary = serve_rate(args.artifact, engine, precision, args.threads, sentences, args.serve_seconds, args.port)
         row["served_sentences_per_s"] = summary["items_per_s"]
         row["served_p50_ms"], row["served_p99_ms"] = summary["p50_ms"], summary["p99_ms"]
