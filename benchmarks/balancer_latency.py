@@ -13,25 +13,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
+from timing import machine
 
 from bertzoo.serving.load import load_items, run_load
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deploy"))
 import local  # noqa: E402
-
-
-def cpu_flags() -> list[str]:
-    wanted = {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "fma"}
-    return sorted({f for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")
-                   for f in line.split(":", 1)[1].split()} & wanted)
 
 
 def main() -> None:
@@ -44,8 +36,7 @@ def main() -> None:
     if missing := local.missing_tools(prometheus=False):
         sys.exit(f"needs {' and '.join(missing)} on PATH")
     sentences = load_items("sentiment", args.data)
-    results: dict = {"date": time.strftime("%Y-%m-%d"), "cpu": platform.processor() or platform.machine(),
-                     "cores": os.cpu_count(), "cpu_flags": cpu_flags(), "seconds": args.seconds, "runs": []}
+    results: dict = {**machine(), "seconds": args.seconds, "runs": []}
     with tempfile.TemporaryDirectory() as workdir, \
             local.LocalStack(args.artifact, workdir, replicas=1, prometheus=False) as stack:
         paths = {"direct": stack.replica_target(0), "nginx": stack.target}

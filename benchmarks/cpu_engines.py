@@ -21,13 +21,13 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from timing import machine
 
 from bertzoo.artifact import load_manifest
 from bertzoo.serving.backends import create_backend, openvino
@@ -142,11 +142,7 @@ def main() -> None:
     flops = encoder_flops([b["input_ids"].shape for b in batches], encoder["num_hidden_layers"],
                           encoder["hidden_size"], encoder["intermediate_size"])
     engines = [(e, p) for e, p in ENGINES if not (e == "openvino" and p == "bf16" and not openvino.cpu_has_bf16())]
-    results: dict = {"date": time.strftime("%Y-%m-%d"), "cpu": platform.processor() or platform.machine(),
-                     "cores": os.cpu_count(), "threads": args.threads,
-                     "cpu_flags": sorted(openvino.cpu_flags() & {"avx2", "fma", "avx512f", "avx512_vnni",
-                                                                  "avx512_bf16", "amx_tile", "amx_bf16"}),
-                     "sentences": len(encodings), "encoder_gflop": flops / 1e9}
+    results: dict = {**machine(), "threads": args.threads, "sentences": len(encodings), "encoder_gflop": flops / 1e9}
     results["gemm_peak_gflops"] = gemm_peak_gflops(args.threads)
     print(f"GEMM peak (fp32 MatMul, {args.threads} threads): {results['gemm_peak_gflops']:.0f} GFLOP/s", flush=True)
     backends = {f"{e}/{p}": make(e, p, args.artifact, args.threads) for e, p in engines}

@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+from timing import machine
 
 from bertzoo.serving.client import AsyncBertzooClient, BertzooClient, channel_options
 from bertzoo.serving.proto import pb2
@@ -232,11 +232,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=50731)
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args()
-    flags = sorted({f for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")
-                    for f in line.split(":", 1)[1].split()} & {"avx2", "avx512f", "avx512_vnni", "avx512_bf16",
-                                                               "amx_tile", "fma"})
-    results = {"date": time.strftime("%Y-%m-%d"), "cpu": platform.processor() or platform.machine(),
-               "cores": os.cpu_count(), "cpu_flags": flags, "variant": args.variant, "servers": []}
+    results = {**machine(), "variant": args.variant, "servers": []}
     unlimited = str(10**9)
     for name, extra, queue_full in (("lane on (defaults)", [], True),
                                     ("lane and cost limit off", ["--long-request-tokens", unlimited,

@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
+import os
+import platform
 import statistics
 import time
 from collections.abc import Callable
+
+from bertzoo.serving.backends.base import cpu_flags
+
+# The flags that decide which kernels the engines can use: recorded with every figure.
+FLAGS_OF_NOTE = {"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16"}
+
+
+def machine() -> dict:
+    """Date, CPU, cores and the CPU flags of note, for a benchmark's results."""
+    try:
+        names = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")]
+    except OSError:
+        names = []
+    return {"date": time.strftime("%Y-%m-%d"), "cpu": names[0] if names else platform.machine(),
+            "cores": os.cpu_count(), "cpu_flags": sorted(cpu_flags() & FLAGS_OF_NOTE)}
 
 
 def median_ms(fn: Callable[[], object], repeats: int = 15, warmup: int = 3) -> float:

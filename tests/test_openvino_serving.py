@@ -35,9 +35,9 @@ def test_settings_openvino_cannot_honour_are_refused(settings, message):
 
 
 def test_auto_precision_is_bf16_only_where_the_cpu_computes_it(monkeypatch):
-    monkeypatch.setattr(openvino, "cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16"})
+    monkeypatch.setattr(openvino.base, "cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16"})
     assert openvino.resolve_precision("auto") == "bf16"
-    monkeypatch.setattr(openvino, "cpu_flags", lambda: {"avx2", "fma"})
+    monkeypatch.setattr(openvino.base, "cpu_flags", lambda: {"avx2", "fma"})
     assert openvino.resolve_precision("auto") == "fp32"
     assert openvino.resolve_precision("bf16") == "bf16"  # asked for: given, even if emulated
 

@@ -1,7 +1,9 @@
-"""What every engine shares: the encoder's input and output names, and the error that says an engine cannot run here
-and what to install."""
+"""What every engine shares: the encoder's input and output names, the CPU's instruction-set flags, and the error that
+says an engine cannot run here and what to install."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 
@@ -17,3 +19,12 @@ def rows_mask(mask: np.ndarray, rows) -> np.ndarray:
 
 class BackendUnavailable(RuntimeError):
     """The backend or device asked for cannot run in this installation; the message says what to install."""
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (avx2, avx512f, avx512_bf16, amx_tile, ...) from /proc/cpuinfo; empty off Linux."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}

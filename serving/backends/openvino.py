@@ -12,6 +12,7 @@ import numpy as np
 
 from bertzoo.artifact import load_manifest
 
+from . import base
 from .base import ENCODER_INPUTS, BackendUnavailable
 from .ort import OnnxRuntimeBackend
 
@@ -23,17 +24,9 @@ OV_PRECISION = {"fp32": "f32", "bf16": "bf16"}
 INSTALL_HINT = "pip install 'bertzoo[openvino]'"
 
 
-def cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:  # not Linux: nothing known
-        return set()
-    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
-
-
 def cpu_has_bf16() -> bool:
     """Native bf16 arithmetic: AVX-512 BF16 or AMX. Elsewhere OpenVINO would emulate it, slower than fp32."""
-    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+    return bool(base.cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
 def resolve_precision(precision: str) -> str:
