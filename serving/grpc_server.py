@@ -126,9 +126,13 @@ class BertzooServer:
         # Loaded on the main lane's worker thread, whose CPU priority the engine's threads inherit.
         loop = asyncio.get_running_loop()
         main_worker = model_worker("main")
-        served = await loop.run_in_executor(main_worker, self._loader, config)
-        if config.warmup:
-            await loop.run_in_executor(main_worker, warm_up, served)
+        try:
+            served = await loop.run_in_executor(main_worker, self._loader, config)
+            if config.warmup:
+                await loop.run_in_executor(main_worker, warm_up, served)
+        except BaseException:
+            main_worker.shutdown(wait=False)
+            raise
         backend, pooling = served.backend, served.spec.pooling
         # Items are grouped for batching by the width they will be padded to: with pad_to="longest" their own length
         # rounded up to 8 (a batch pads no row by more than 7 tokens), with pad_to="bucket" the length bucket.
@@ -136,8 +140,9 @@ class BertzooServer:
         self._batcher = Batcher(lambda works, inputs: run_batch(backend, works, inputs, pooling),
                                 group, served.tokenizer.pad_id, config.batch, self.metrics, executor=main_worker)
         self._batcher.start()
-        if served.spare_backend is not None:
-            # The long-request lane: its own engine instance, built and run on a low-priority thread.
+        if served.spare_backend is not None and config.long_request_tokens < config.max_request_tokens:
+            # The long-request lane (only where a request can be long): its own engine instance, built and run on a
+            # low-priority thread.
             worker = model_worker("long")
             spare = await loop.run_in_executor(worker, served.spare_backend)
             if config.warmup:
