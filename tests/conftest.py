@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -91,6 +93,31 @@ def tiny_artifact(tmp_path_factory):
     train(config)
     export_checkpoint(root / "run", root / "artifact", ExportOptions(parity_limit=8))
     return root / "run", root / "artifact"
+
+
+class ControlledBackend:
+    """Wraps the real backend: a delay per encoder pass, a one-shot failure, and the batch size of every pass."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.delay = 0.0
+        self.fail_next = False
+        self.batch_rows: list[int] = []
+        self.batch_shapes: list[tuple[tuple[int, int], list[int]]] = []  # (input_ids shape, real length per row)
+        self.lock = threading.Lock()
+
+    def encode(self, batch):
+        with self.lock:
+            self.batch_rows.append(batch["input_ids"].shape[0])
+            self.batch_shapes.append((batch["input_ids"].shape, batch["attention_mask"].sum(axis=1).tolist()))
+            fail, self.fail_next = self.fail_next, False
+        time.sleep(self.delay)
+        if fail:
+            raise RuntimeError("injected backend failure")
+        return self.inner.encode(batch)
+
+    def head(self, task, inputs):
+        return self.inner.head(task, inputs)
 
 
 def free_port() -> int:

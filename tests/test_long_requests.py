@@ -4,7 +4,6 @@ pass it, its answer equals the main lane's, and its work stops between batches o
 
 from __future__ import annotations
 
-import threading
 import time
 
 import grpc
@@ -15,7 +14,7 @@ from bertzoo.serving.config import BatchSettings
 from bertzoo.serving.grpc_server import ServerThread
 from bertzoo.serving.model import load_served_model
 from bertzoo.serving.proto import pb2
-from conftest import serve_config
+from conftest import ControlledBackend, serve_config
 
 # The tiny artifact's QA windows are 128 tokens: batches of 512 tokens hold 4 of them.
 BATCH = BatchSettings(max_batch_tokens=512)
@@ -23,37 +22,20 @@ LONG_TOKENS = 600  # about 5 windows
 MAX_TOKENS = 6000
 
 
-class CountingBackend:
-    """Wraps a real engine: records each encoder pass's rows and width, optionally sleeping per pass."""
-
-    def __init__(self, inner) -> None:
-        self.inner, self.delay, self.passes = inner, 0.0, []
-        self.lock = threading.Lock()
-
-    def encode(self, batch):
-        with self.lock:
-            self.passes.append(batch["input_ids"].shape)
-        time.sleep(self.delay)
-        return self.inner.encode(batch)
-
-    def head(self, task, inputs):
-        return self.inner.head(task, inputs)
-
-
 @pytest.fixture(scope="module")
 def lanes(tiny_artifact):
     """(client, main engine, long-lane engine) of a server whose long lane is easy to reach."""
     _, artifact = tiny_artifact
-    engines: dict[str, CountingBackend] = {}
+    engines: dict[str, ControlledBackend] = {}  # "main", "long"
 
     def loader(config):
         served = load_served_model(config)
-        engines["main"] = served.backend = CountingBackend(served.backend)
+        engines["main"] = served.backend = ControlledBackend(served.backend)
         make_spare = served.spare_backend
         assert make_spare is not None  # ONNX Runtime on the CPU: the long lane has its own engine
 
         def spare():
-            engines["long"] = CountingBackend(make_spare())
+            engines["long"] = ControlledBackend(make_spare())
             return engines["long"]
 
         served.spare_backend = spare
@@ -70,8 +52,14 @@ def engines(lanes):
     client, main, long = lanes
     for engine in (main, long):
         engine.delay = 0.0
-        engine.passes.clear()
+        engine.batch_rows.clear()
+        engine.batch_shapes.clear()
     return client, main, long
+
+
+def passes(engine: ControlledBackend) -> list[tuple[int, int]]:
+    """(rows, width) of every encoder pass the engine ran."""
+    return [tuple(shape) for shape, _ in engine.batch_shapes]
 
 
 def long_context(words: int) -> str:
@@ -87,7 +75,7 @@ def test_a_request_over_the_cost_limit_is_refused_naming_the_flag(engines):
         client.qa([(QUESTION, long_context(3000))] * 4)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "max_request_tokens" in error.value.details() and str(MAX_TOKENS) in error.value.details()
-    assert not main.passes and not long.passes  # refused before any compute
+    assert not passes(main) and not passes(long)  # refused before any compute
 
 
 def test_short_requests_pass_a_long_one_that_runs_in_its_own_lane(engines):
@@ -95,21 +83,21 @@ def test_short_requests_pass_a_long_one_that_runs_in_its_own_lane(engines):
     long.delay = 0.2  # each long-lane batch takes a while
     qa = client.stub.QA.future(pb2.QARequest(items=[pb2.QAItem(question=QUESTION, context=long_context(900))]),
                                timeout=60)
-    while not long.passes:
+    while not passes(long):
         time.sleep(0.005)
     for i in range(5):
         assert len(client.sentiment([f"short request {i}"]).results) == 1
     assert not qa.done()  # every short request was answered while the long one was still running
     assert len(qa.result().results) == 1
-    assert len(long.passes) > 2 and all(rows * width <= BATCH.max_batch_tokens for rows, width in long.passes)
-    assert all(width <= 16 for _, width in main.passes)  # no QA window ever ran in the main lane
+    assert len(passes(long)) > 2 and all(rows * width <= BATCH.max_batch_tokens for rows, width in passes(long))
+    assert all(width <= 16 for _, width in passes(main))  # no QA window ever ran in the main lane
 
 
 def test_a_long_answer_equals_the_main_lanes(engines, tiny_artifact):
     client, _, long = engines
     items = [(QUESTION, long_context(900)), ("which word?", long_context(200))]
     answers = client.qa(items).results
-    assert long.passes
+    assert passes(long)
     _, artifact = tiny_artifact
     config = serve_config(artifact, long_request_tokens=MAX_TOKENS)  # everything in the main lane, whole
     with ServerThread(config) as running, BertzooClient(f"127.0.0.1:{running.port}") as whole:
@@ -128,7 +116,7 @@ def test_a_long_request_past_its_deadline_stops_between_batches(engines):
         client.qa(items, timeout=0.45)
     assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     time.sleep(1.5)  # ample time for the rest of the batches, had they run
-    assert 1 <= len(long.passes) <= 2  # the batch cut ahead of time, due after the deadline, did not run
+    assert 1 <= len(passes(long)) <= 2  # the batch cut ahead of time, due after the deadline, did not run
 
 
 def test_a_big_batch_hands_the_arena_back_and_a_small_one_keeps_it(tiny_artifact):

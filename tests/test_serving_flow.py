@@ -4,7 +4,6 @@ failing batch fails only its own requests."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import grpc
@@ -15,34 +14,9 @@ from bertzoo.serving.config import BatchSettings
 from bertzoo.serving.grpc_server import ServerThread
 from bertzoo.serving.model import load_served_model
 from bertzoo.serving.proto import pb2
-from conftest import serve_config
+from conftest import ControlledBackend, serve_config
 
 MAX_QUEUE = 6
-
-
-class ControlledBackend:
-    """Wraps the real backend: a delay per encoder pass, a one-shot failure, and the batch size of every pass."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.delay = 0.0
-        self.fail_next = False
-        self.batch_rows: list[int] = []
-        self.batch_shapes: list[tuple[tuple[int, int], list[int]]] = []  # (input_ids shape, real length per row)
-        self.lock = threading.Lock()
-
-    def encode(self, batch):
-        with self.lock:
-            self.batch_rows.append(batch["input_ids"].shape[0])
-            self.batch_shapes.append((batch["input_ids"].shape, batch["attention_mask"].sum(axis=1).tolist()))
-            fail, self.fail_next = self.fail_next, False
-        time.sleep(self.delay)
-        if fail:
-            raise RuntimeError("injected backend failure")
-        return self.inner.encode(batch)
-
-    def head(self, task, inputs):
-        return self.inner.head(task, inputs)
 
 
 @pytest.fixture(scope="module")
