@@ -78,6 +78,7 @@ def _from_artifact(config: ServeConfig) -> ServedModel:
     model = manifest["model"]
     labels = {"sentiment": tuple(manifest["labels"]["sentiment"]),
               "paraphrase": tuple(manifest["labels"].get("paraphrase", PARAPHRASE_LABELS))}
+    tokenizer = Tokenizer.from_file(directory / manifest["tokenizer"])
     if config.backend == "tensorrt":
         variant, precision = "tensorrt_fp16", "fp16"
         backend = create_backend("tensorrt", directory, variant=variant, threads=config.threads, manifest=manifest)
@@ -87,8 +88,7 @@ def _from_artifact(config: ServeConfig) -> ServedModel:
         variant, precision = f"openvino_{backend.precision}", backend.precision
         from .parity_gate import check_engine
 
-        check_engine(backend, "openvino", precision, directory, manifest,
-                     Tokenizer.from_file(directory / manifest["tokenizer"]), limits, config.threads)
+        check_engine(backend, "openvino", precision, directory, manifest, tokenizer, limits, config.threads)
         log.info("openvino %s: inference precision %s (%s), model cache %s", backend.version, precision,
                  "asked for" if config.precision != "auto" else "auto: " + (
                      "the CPU computes bf16 natively" if precision == "bf16" else "no native bf16 on this CPU"),
@@ -114,7 +114,7 @@ def _from_artifact(config: ServeConfig) -> ServedModel:
         device=config.device, precision=precision,
         artifact_versions={k: str(v) for k, v in manifest.get("versions", {}).items()},
     )
-    return ServedModel(spec, Tokenizer.from_file(directory / manifest["tokenizer"]), backend, spare)
+    return ServedModel(spec, tokenizer, backend, spare)
 
 
 def _from_checkpoint(config: ServeConfig) -> ServedModel:

@@ -63,7 +63,8 @@ class OpenVinoBackend:
         config = {"INFERENCE_PRECISION_HINT": OV_PRECISION[self.precision], "PERFORMANCE_HINT": "LATENCY",
                   "INFERENCE_NUM_THREADS": threads or os.cpu_count() or 1}
         try:
-            compiled = core.compile_model(_readable(core, encoder), "CPU", config)
+            ssaf = self.manifest["model"]["encoder"].get("attention") == "sparsegen_lin"
+            compiled = core.compile_model(_readable(core, encoder, ssaf), "CPU", config)
         except RuntimeError as e:  # e.g. an operator OpenVINO's ONNX reader does not know
             raise BackendUnavailable(f"OpenVINO {ov.__version__} cannot compile {encoder}: {str(e).splitlines()[0]}; "
                                      "serve it with --backend onnxruntime") from e
@@ -82,17 +83,16 @@ class OpenVinoBackend:
         return self._heads.head(task, inputs)
 
 
-def _readable(core, path: Path):
+def _readable(core, path: Path, ssaf: bool):
     """The encoder as OpenVINO can read it. An SSAF encoder's SparsegenLin is a model-local function of our own
     domain, for which OpenVINO's ONNX reader has no rule (it does not expand functions): its body, made of standard
     operators, goes in its place (tests/test_export.py checks the result against PyTorch). Other encoders are read
-    from the file as they are."""
+    from the file as they are, without parsing it here first."""
+    if not ssaf:
+        return str(path)
     import onnx
     import onnx.inliner
 
-    model = onnx.load(str(path), load_external_data=False)
-    if not model.functions:
-        return str(path)
     model = onnx.inliner.inline_local_functions(onnx.load(str(path)))
     return core.read_model(model.SerializeToString())
 
