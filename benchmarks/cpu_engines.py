@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from ceiling import encoder_flops, gemm_peak_gflops, timed
 from timing import machine
 
 from bertzoo.artifact import load_manifest
@@ -35,38 +36,6 @@ from bertzoo.serving.load import load_items, run_load
 from bertzoo.tokenization import Tokenizer, pad_batch
 
 ENGINES = [("onnxruntime", "fp32"), ("onnxruntime", "int8"), ("openvino", "fp32"), ("openvino", "bf16")]
-
-
-def gemm_peak_gflops(threads: int, m: int = 4096, k: int = 384, n: int = 1536) -> float:
-    """GFLOP/s of one [m, k] x [k, n] fp32 MatMul on ONNX Runtime (the shape of the encoder's feed-forward layer)."""
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
-
-    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((k, n), dtype=np.float32), "w")
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "gemm",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])], [weight])
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    session = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-                                   .SerializeToString(), options, providers=["CPUExecutionProvider"])
-    x = np.random.default_rng(1).standard_normal((m, k), dtype=np.float32)
-    session.run(None, {"x": x})
-    best = min(_timed(lambda: session.run(None, {"x": x})) for _ in range(10))
-    return 2 * m * k * n / best / 1e9
-
-
-def _timed(fn) -> float:
-    started = time.perf_counter()
-    fn()
-    return time.perf_counter() - started
-
-
-def encoder_flops(shapes: list[tuple[int, int]], layers: int, hidden: int, ffn: int) -> float:
-    """Matrix-product FLOPs of the encoder on batches of (rows, width): per token and layer 2 x (4 h^2 + 2 h f) for the
-    projections and the feed-forward, plus 2 x 2 x width x h for attention's two products."""
-    return sum(rows * width * layers * 2 * (4 * hidden * hidden + 2 * hidden * ffn + 2 * width * hidden)
-               for rows, width in shapes)
 
 
 class NncfInt8Encoder:
@@ -154,7 +123,7 @@ def main() -> None:
     for _ in range(2):
         for name, backend in backends.items():
             backend.encode(batches[len(batches) // 2])
-            seconds[name].append(_timed(lambda b=backend: [b.encode(x) for x in batches]))
+            seconds[name].append(timed(lambda b=backend: [b.encode(x) for x in batches]))
     rows = []
     for name, times in seconds.items():
         best = min(times)

@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -33,6 +32,7 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+from processes import cpu_seconds, memory_mb, start_bertzoo
 from timing import machine
 
 from bertzoo.serving.client import AsyncBertzooClient, BertzooClient, channel_options
@@ -43,26 +43,8 @@ WORST = ("what is it?", "a " * 10000)
 COSTLY = [("what is it?", "b " * 10000)] * 8
 
 
-def start_server(artifact: str, variant: str, port: int, metrics_port: int, *extra: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "bertzoo", "serve", artifact, "--variant", variant, "--host", "127.0.0.1",
-               "--port", str(port), "--metrics-port", str(metrics_port), *extra]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    with BertzooClient(f"127.0.0.1:{port}") as client:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            if server.poll() is not None:
-                raise RuntimeError(f"the server exited: {server.stderr.read()[-2000:]}")
-            try:
-                client.sentiment(["ready?"], timeout=2)
-                return server
-            except grpc.RpcError:
-                time.sleep(0.5)
-    raise TimeoutError("the server did not start in 180 s")
-
-
-def memory_mb(pid: int) -> dict[str, float]:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return {key: int(re.search(rf"{key}:\s+(\d+)", status).group(1)) / 1024 for key in ("VmRSS", "VmHWM")}
+def start_server(artifact: str, variant: str, port: int, *extra: str) -> subprocess.Popen:
+    return start_bertzoo(artifact, port, "--variant", variant, *extra)
 
 
 def small_latencies(client: BertzooClient, n: int = 250, every: float = 0.02, limit_s: float = 40.0) -> list[float]:
@@ -105,11 +87,6 @@ def worst_case_phase(client: BertzooClient, target: str) -> dict:
     thread.join()
     return {**pct(latencies), "worst_case_requests_done": done[0],
             "worst_case_seconds": [round(t, 2) for t in times]}
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 def deadline_phase(target: str, pid: int) -> dict:
@@ -190,7 +167,7 @@ def queue_full_phase(target: str, flooders: int = 64, seconds: float = 10.0) -> 
 
 def measure(artifact: str, variant: str, name: str, extra: list[str], port: int, queue_full: bool) -> dict:
     target = f"127.0.0.1:{port}"
-    server = start_server(artifact, variant, port, port + 1, *extra)
+    server = start_server(artifact, variant, port, *extra)
     try:
         result: dict = {"server": name, "flags": extra, "memory_start_mb": memory_mb(server.pid)}
         with BertzooClient(target) as client:
@@ -211,7 +188,7 @@ def measure(artifact: str, variant: str, name: str, extra: list[str], port: int,
         server.terminate()
         server.wait(60)
     if queue_full:
-        server = start_server(artifact, variant, port, port + 1, *extra, "--max-queue", "4")
+        server = start_server(artifact, variant, port, *extra, "--max-queue", "4")
         try:
             result["queue_full_refusals"] = queue_full_phase(target)
             print(name, "queue full", result["queue_full_refusals"], flush=True)

@@ -1,29 +1,36 @@
-"""The server against what it costs and against what a user would otherwise write, side by side in one run.
+"""The server against its in-process ceiling, the machine's compute ceiling and the peer servers, side by side in one run.
 
-    python benchmarks/serve_speed.py ARTIFACT CHECKPOINT --data ../shared/data/ids-sst-dev.csv
+    python benchmarks/serve_speed.py ARTIFACT CHECKPOINT --data ../shared/data/ids-sst-dev.csv \
+        [--infinity VENV --infinity-models MODELS]   # from benchmarks/peers/infinity_setup.sh
 
-ARTIFACT is a `bertzoo export --int8` output of CHECKPOINT. With 64 concurrent clients sending one SST dev sentence
-per request (closed loop, `bertzoo.serving.load`):
+ARTIFACT is a `bertzoo export --optimize --int8` output of CHECKPOINT. With --concurrency closed-loop clients (64)
+sending one SST dev sentence per request, in this order:
 
-1. in-process batched ceiling: the same ONNX Runtime backend through `bertzoo.pipeline.predict` in batches of 64, no
-   gRPC (fp32 and int8);
-2. `bertzoo serve` with the fp32 and the int8 encoder;
-3. a plain gRPC server that runs the PyTorch model eagerly, one request at a time (this file, ``--plain-server``);
-4. latency at half the fp32 server's saturation throughput (open loop, requests sent at a fixed rate);
-5. a mixed load: all five RPCs at once;
-6. the server's peak resident memory (VmHWM).
-
-Server and load generator share this machine's cores: every server is measured under the same load generator.
+1. the machine: the peak rate of one large fp32 and int8 matrix product on these cores (benchmarks/ceiling.py);
+2. the in-process ceiling of each encoder variant (fp32, optimized, int8): the same ONNX Runtime backend and the same
+   pre- and post-processing the server runs, on every sentence in length-sorted batches of 64, no transport, for
+   Sentiment and for Embed;
+3. `bertzoo serve` with each variant, answering Sentiment and Embed: sentences/s against that ceiling, the useful
+   encoder work (unpadded tokens, in FLOPs) against the matrix-product peak of its precision, and the CPU the server
+   and the load generator each used (they share the cores);
+4. with --infinity: infinity-emb 0.0.78 on the same MiniLM at its CPU engines (torch; optimum = ONNX Runtime, fp32
+   graph-optimized and int8), answering /embeddings to an HTTP load generator of the same shape
+   (benchmarks/peers/http_load.py, run with the peer's Python);
+5. a plain gRPC server that runs the PyTorch model eagerly, one request at a time (this file, ``--plain-server``);
+6. the fp32 server at half its saturation throughput (open loop, requests sent at a fixed rate), and a mixed load of
+   all five RPCs at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
-import socket
+import resource
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent import futures
 from dataclasses import asdict
@@ -31,25 +38,31 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+from ceiling import encoder_flops, gemm_peak_gflops
+from processes import cpu_seconds, free_port, memory_mb, start, start_bertzoo, stop
+from timing import machine
 
 from bertzoo.data import SentenceExample
 from bertzoo.serving.load import load_items, run_load
 from bertzoo.serving.proto import pb2, pb2_grpc
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+VARIANTS = ("fp32", "optimized", "int8")
+TASKS = ("sentiment", "embed")
 
 
-def in_process_ceiling(artifact: str, variant: str, sentences: list[str], threads: int) -> float:
-    """Sentences per second through the backend + shared pipeline, batches of 64, no transport."""
+def own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def in_process_ceiling(artifact: str, variant: str, task: str, sentences: list[str], threads: int) -> float:
+    """Sentences per second through the backend and the shared pre- and post-processing, batches of 64."""
     from bertzoo import pipeline
     from bertzoo.artifact import load_manifest
     from bertzoo.serving.backends import create_backend
+    from bertzoo.serving.engine import pool_embeddings
     from bertzoo.tasks import Limits
-    from bertzoo.tokenization import Tokenizer
+    from bertzoo.tokenization import Tokenizer, pad_batch
 
     manifest = load_manifest(artifact)
     # Spinning on: with the cores to itself this is the backend's best (the server turns it off, see --ort-spinning).
@@ -57,45 +70,38 @@ def in_process_ceiling(artifact: str, variant: str, sentences: list[str], thread
                              spinning=True)
     tokenizer = Tokenizer.from_file(Path(artifact) / manifest["tokenizer"])
     limits = Limits(**manifest["limits"])
-    examples = [SentenceExample(str(i), s, None) for i, s in enumerate(sentences)]
-    pipeline.predict(backend, "sentiment", examples[:64], tokenizer, limits, 64)  # warm-up
+
+    def sentiment(texts: list[str]) -> None:
+        examples = [SentenceExample(str(i), s, None) for i, s in enumerate(texts)]
+        pipeline.predict(backend, "sentiment", examples, tokenizer, limits, 64)
+
+    def embed(texts: list[str]) -> None:
+        encodings = tokenizer.encode_sentences(texts, limits.max_seq_length)
+        for idx in pipeline.length_sorted_batches([len(e.input_ids) for e in encodings], 64):
+            batch = pad_batch([encodings[i] for i in idx], tokenizer.pad_id, pad_to_multiple_of=8)
+            pool_embeddings(backend.encode(batch), batch["attention_mask"], manifest["model"]["pooling"])
+
+    run = sentiment if task == "sentiment" else embed
+    run(sentences[:64])  # warm-up
     started = time.perf_counter()
-    pipeline.predict(backend, "sentiment", examples, tokenizer, limits, 64)
-    return len(examples) / (time.perf_counter() - started)
+    run(sentences)
+    return len(sentences) / (time.perf_counter() - started)
 
 
-def start(command: list[str], port: int) -> subprocess.Popen:
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{command[:3]} exited: {process.stderr.read()[-2000:]}")
-        try:
-            pb2_grpc.BertzooStub(channel).ModelInfo(pb2.ModelInfoRequest(), timeout=2)
-            return process
-        except grpc.RpcError:
-            time.sleep(1)
-    raise TimeoutError(f"{command[:3]} did not answer within 300 s")
-
-
-def peak_rss_mib(process: subprocess.Popen) -> float:
-    for line in Path(f"/proc/{process.pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(60)
-    except subprocess.TimeoutExpired:
-        process.kill()
+def measured_load(pid: int, load) -> dict:
+    """Run ``load()`` (a closed loop; returns a summary with items_per_s) and add the CPU cores the server (``pid``)
+    and this load generator used meanwhile."""
+    server0, own0, t0 = cpu_seconds(pid), own_cpu_seconds(), time.perf_counter()
+    summary = load()
+    wall = time.perf_counter() - t0
+    return {**summary, "server_cores": (cpu_seconds(pid) - server0) / wall,
+            "load_generator_cores": (own_cpu_seconds() - own0) / wall}
 
 
 def closed_loop(port: int, task: str, items: list, concurrency: int, duration: float) -> dict:
-    return asyncio.run(run_load(f"127.0.0.1:{port}", task, items, concurrency=concurrency, duration=duration)).summary()
+    target = f"127.0.0.1:{port}"
+    asyncio.run(run_load(target, task, items, concurrency=concurrency, duration=3))  # warm-up
+    return asyncio.run(run_load(target, task, items, concurrency=concurrency, duration=duration)).summary()
 
 
 async def _open_loop(port: int, sentences: list[str], rate: float, duration: float) -> dict:
@@ -154,10 +160,7 @@ def plain_server(checkpoint: str, port: int) -> None:
     spec = T.task_spec("sentiment", train_config.sentiment_dataset)
 
     class Plain(pb2_grpc.BertzooServicer):
-        def ModelInfo(self, request, context):  # noqa: N802 (gRPC method names)
-            return pb2.ModelInfoResponse()
-
-        def Sentiment(self, request, context):  # noqa: N802
+        def Sentiment(self, request, context):  # noqa: N802 (gRPC method names)
             examples = [SentenceExample(str(i), t, None) for i, t in enumerate(request.texts)]
             with torch.no_grad():
                 logits = predict_outputs(model, "sentiment", examples, tokenizer, train_config.limits)
@@ -171,6 +174,74 @@ def plain_server(checkpoint: str, port: int) -> None:
     server.wait_for_termination()
 
 
+def infinity_rows(venv: str, models: str, sentences: list[str], concurrency: int, duration: float) -> dict:
+    """infinity-emb at each CPU engine: started on loopback, warmed up, then the HTTP closed loop."""
+    import urllib.request
+
+    engines = {"infinity-emb, torch engine, fp32": ("torch", "torch"),
+               "infinity-emb, optimum engine, fp32 (graph-optimized)": ("optimum", "onnx-fp32"),
+               "infinity-emb, optimum engine, int8": ("optimum", "onnx-int8")}
+    python, load = str(Path(venv) / "bin" / "python"), str(Path(__file__).parent / "peers" / "http_load.py")
+    rows = {}
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as texts:
+        texts.write("\n".join(s.replace("\n", " ") for s in sentences))
+        texts.flush()
+        for name, (engine, folder) in engines.items():
+            port, model = free_port(), str(Path(models) / folder)
+
+            def ready(port: int = port) -> bool:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+                    return response.status == 200
+
+            process = start([str(Path(venv) / "bin" / "infinity_emb"), "v2", "--model-id", model, "--engine", engine,
+                             "--device", "cpu", "--host", "127.0.0.1", "--port", str(port), "--pooling-method",
+                             "mean", "--batch-size", "64"], ready, timeout=600, env={"HF_HUB_OFFLINE": "1"})
+            try:
+                url = f"http://127.0.0.1:{port}/embeddings"
+                command = [python, load, url, model, texts.name, "--concurrency", str(concurrency)]
+                subprocess.run([*command, "--duration", "3"], check=True, capture_output=True)  # warm-up
+                server0, t0 = cpu_seconds(process.pid), time.perf_counter()
+                out = subprocess.run([*command, "--duration", str(duration)], check=True, capture_output=True, text=True)
+                wall = time.perf_counter() - t0
+                summary = json.loads(out.stdout)
+                rows[name] = {**summary, "server_cores": (cpu_seconds(process.pid) - server0) / wall,
+                              "load_generator_cores": summary["load_generator_cpu_s"] / wall,
+                              "peak_rss_mb": memory_mb(process.pid)["VmHWM"]}
+            finally:
+                stop(process)
+            print(f"{name}: {rows[name]['items_per_s']:.1f} sentences/s", flush=True)
+    return rows
+
+
+def report(results: dict) -> None:
+    peaks = results["gemm_peak_gflops"]
+    print(f"\nGEMM peak, {results['threads']} threads: fp32 {peaks['fp32']:.0f} GFLOP/s, int8 {peaks['int8']:.0f}; "
+          f"MiniLM does {results['mflop_per_token']:.1f} MFLOP per token on these sentences (mean "
+          f"{results['mean_tokens']:.1f} tokens)")
+    print("\n| setup | RPC | sentences/s | / in-process ceiling | / GEMM peak | p50 ms | p99 ms | server cores | "
+          "load generator cores | errors |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for row in results["rows"]:
+        cells = [row["setup"], row["rpc"], f"{row['items_per_s']:.1f}", _fmt(row.get("of_ceiling")),
+                 _fmt(row.get("of_gemm_peak")), _fmt(row.get("p50_ms"), 1), _fmt(row.get("p99_ms"), 1),
+                 _fmt(row.get("server_cores")), _fmt(row.get("load_generator_cores")), str(row.get("errors", "-"))]
+        print("| " + " | ".join(cells) + " |")
+    for name, ratio in results.get("against_infinity", {}).items():
+        print(f"{name}: {ratio:.2f}x")
+    h = results["half_saturation"]
+    print(f"\nfp32 server at half saturation ({h['rate']:.1f} requests/s, open loop, {h['sent']} sent, "
+          f"{h['errors']} errors): p50 {h['p50_ms']:.1f} ms, p99 {h['p99_ms']:.1f} ms, p99/p50 "
+          f"{h['p99_ms'] / h['p50_ms']:.2f}")
+    print("\nmixed load on the fp32 server (all five RPCs at once):")
+    for task, s in results["mixed"].items():
+        print(f"- {task}: {s['items_per_s']:.1f} items/s, p50 {s['p50_ms']:.1f} ms, p99 {s['p99_ms']:.1f} ms, "
+              f"errors {s['errors'] or 'none'}")
+
+
+def _fmt(value, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("artifact")
@@ -179,58 +250,101 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--infinity", metavar="VENV", help="infinity-emb's virtual environment (peer rows)")
+    parser.add_argument("--infinity-models", metavar="MODELS", help="its model folders (peers/infinity_setup.sh)")
+    parser.add_argument("--out", help="also write the results as JSON here")
     parser.add_argument("--plain-server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain_server:
         return plain_server(args.checkpoint, args.port)
+    if bool(args.infinity) != bool(args.infinity_models):
+        parser.error("--infinity and --infinity-models go together")
+    from bertzoo.artifact import load_manifest
+    from bertzoo.tokenization import Tokenizer
+
+    manifest = load_manifest(args.artifact)
+    encoder = manifest["model"]["encoder"]
+    tokenizer = Tokenizer.from_file(Path(args.artifact) / manifest["tokenizer"])
     sentences = load_items("sentiment", args.data)
+    lengths = [len(e.input_ids) for e in tokenizer.encode_sentences(sentences, manifest["limits"]["max_seq_length"])]
+    flop = encoder_flops([(1, n) for n in lengths], encoder["num_hidden_layers"], encoder["hidden_size"],
+                         encoder["intermediate_size"])
+    flop_per_sentence = flop / len(sentences)
     print(f"{len(sentences)} sentences from {args.data}; {args.concurrency} clients; {args.duration:.0f} s per load; "
-          f"{args.threads} backend threads; {os.cpu_count()} cores shared with the load generator")
-    rows = {}
-    for variant in ("fp32", "int8"):
-        rows[f"in-process ceiling, {variant}"] = in_process_ceiling(args.artifact, variant, sentences, args.threads)
-    bertzoo = [str(Path(sys.executable).with_name("bertzoo")), "serve", args.artifact, "--metrics-port", "0",
-               "--threads", str(args.threads)]
-    servers = {f"bertzoo serve, {v}": [*bertzoo, "--variant", v] for v in ("fp32", "int8")}
-    # The batcher's padding, side by side: to the batch's longest sequence (the default) or to its length bucket.
-    servers["bertzoo serve, fp32, --pad-to bucket"] = [*bertzoo, "--variant", "fp32", "--pad-to", "bucket"]
-    servers["plain gRPC + PyTorch eager, one request at a time"] = [sys.executable, __file__, args.artifact,
-                                                                   args.checkpoint, "--data", args.data,
-                                                                   "--plain-server"]
-    summaries, extra = {}, {}
-    for name, command in servers.items():
+          f"{args.threads} backend threads; {os.cpu_count()} cores shared with the load generator", flush=True)
+    results: dict = {**machine(), "threads": args.threads, "concurrency": args.concurrency,
+                     "mean_tokens": float(np.mean(lengths)), "mflop_per_token": flop / sum(lengths) / 1e6,
+                     "gemm_peak_gflops": {p: gemm_peak_gflops(args.threads, p) for p in ("fp32", "int8")}, "rows": []}
+    ceilings = {(v, t): in_process_ceiling(args.artifact, v, t, sentences, args.threads) for v in VARIANTS
+                for t in TASKS}
+
+    def add(setup: str, rpc: str, items_per_s: float, variant: str | None = None, **extra) -> dict:
+        peak = results["gemm_peak_gflops"]["int8" if variant == "int8" else "fp32"]
+        row = {"setup": setup, "rpc": rpc, "items_per_s": items_per_s,
+               "of_gemm_peak": items_per_s * flop_per_sentence / 1e9 / peak, **extra}
+        if variant is not None and "in-process" not in setup:
+            row["of_ceiling"] = items_per_s / ceilings[(variant, rpc)]
+        results["rows"].append(row)
+        return row
+
+    for (variant, task), rate in ceilings.items():
+        add(f"in-process ceiling, {variant}", task, rate, variant)
+    for variant in VARIANTS:
         port = free_port()
-        process = start([*command, "--port", str(port)], port)
+        server = start_bertzoo(args.artifact, port, "--variant", variant, "--threads", str(args.threads))
         try:
-            summaries[name] = closed_loop(port, "sentiment", sentences, args.concurrency, args.duration)
-            rows[name] = summaries[name]["items_per_s"]
-            if name == "bertzoo serve, fp32":
-                half = rows[name] / 2
-                extra["half saturation"] = asyncio.run(_open_loop(port, sentences, half, args.duration))
-                extra["mixed"] = mixed(port, Path(args.data).parent, args.concurrency, args.duration)
-            extra[f"peak RSS MiB, {name}"] = peak_rss_mib(process)
+            for task in TASKS:
+                s = measured_load(server.pid, lambda t=task, p=port: closed_loop(p, t, sentences, args.concurrency,
+                                                                         args.duration))
+                add(f"bertzoo serve, {variant}", task, s["items_per_s"], variant, p50_ms=s["p50_ms"],
+                    p99_ms=s["p99_ms"], server_cores=s["server_cores"], load_generator_cores=s["load_generator_cores"],
+                    errors=sum(s["errors"].values()))
+                print(f"bertzoo serve, {variant}, {task}: {s['items_per_s']:.1f} sentences/s", flush=True)
+            if variant == "fp32":
+                half = results["rows"][-2]["items_per_s"] / 2  # its Sentiment saturation
+                results["half_saturation"] = asyncio.run(_open_loop(port, sentences, half, args.duration))
+                results["mixed"] = mixed(port, Path(args.data).parent, args.concurrency, args.duration)
+            results[f"peak_rss_mb, bertzoo serve {variant}"] = memory_mb(server.pid)["VmHWM"]
         finally:
-            stop(process)
-    plain = rows["plain gRPC + PyTorch eager, one request at a time"]
-    print("\n| setup | sentences/s | / in-process ceiling | / plain PyTorch server | p50 ms | p99 ms | errors |")
-    print("|---|---|---|---|---|---|---|")
-    for name, value in rows.items():
-        variant = "int8" if "int8" in name else "fp32"
-        s = summaries.get(name, {})
-        ceiling = rows[f"in-process ceiling, {variant}"]
-        lat = f"{s['p50_ms']:.1f} | {s['p99_ms']:.1f} | {sum(s['errors'].values())}" if s else "- | - | -"
-        print(f"| {name} | {value:.1f} | {value / ceiling:.2f} | {value / plain:.2f} | {lat} |")
-    h = extra["half saturation"]
-    print(f"\nfp32 server at half saturation ({h['rate']:.1f} requests/s, open loop, {h['sent']} sent, "
-          f"{h['errors']} errors): p50 {h['p50_ms']:.1f} ms, p99 {h['p99_ms']:.1f} ms")
-    print("\nmixed load on the fp32 server (all five RPCs at once):")
-    for task, s in extra["mixed"].items():
-        print(f"- {task}: {s['items_per_s']:.1f} items/s, p50 {s['p50_ms']:.1f} ms, p99 {s['p99_ms']:.1f} ms, "
-              f"errors {s['errors'] or 'none'}")
-    for key, value in extra.items():
-        if key.startswith("peak RSS"):
-            print(f"{key}: {value:.0f}")
+            stop(server)
+    if args.infinity:
+        peers = infinity_rows(args.infinity, args.infinity_models, sentences, args.concurrency, args.duration)
+        for name, s in peers.items():
+            add(name, "embed", s["items_per_s"], p50_ms=s["p50_ms"], p99_ms=s["p99_ms"],
+                server_cores=s["server_cores"], load_generator_cores=s["load_generator_cores"],
+                errors=sum(s["errors"].values()))
+        served = {r["setup"]: r["items_per_s"] for r in results["rows"] if r["rpc"] == "embed"}
+        best_fp32 = max(s["items_per_s"] for name, s in peers.items() if "fp32" in name)
+        best_any = max(v["items_per_s"] for v in peers.values())
+        results["against_infinity"] = {
+            "bertzoo Embed fp32 / infinity's best fp32": served["bertzoo serve, fp32"] / best_fp32,
+            "bertzoo Embed optimized (fp32) / infinity's best fp32": served["bertzoo serve, optimized"] / best_fp32,
+            "bertzoo Embed int8 / infinity's best fp32": served["bertzoo serve, int8"] / best_fp32,
+            "bertzoo Embed int8 / infinity's best (any precision)": served["bertzoo serve, int8"] / best_any}
+    port = free_port()
+    plain = start([sys.executable, __file__, args.artifact, args.checkpoint, "--data", args.data, "--plain-server",
+                   "--port", str(port)], lambda: _answers(port))
+    try:
+        s = measured_load(plain.pid, lambda: closed_loop(port, "sentiment", sentences, args.concurrency,
+                                                         args.duration))
+        add("plain gRPC + PyTorch eager, one request at a time", "sentiment", s["items_per_s"], p50_ms=s["p50_ms"],
+            p99_ms=s["p99_ms"], server_cores=s["server_cores"], load_generator_cores=s["load_generator_cores"],
+            errors=sum(s["errors"].values()))
+    finally:
+        stop(plain)
+    report(results)
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1))
+
+
+def _answers(port: int) -> bool:
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        pb2_grpc.BertzooStub(channel).Sentiment(pb2.SentimentRequest(texts=["ready?"]), timeout=2)
+        return True
+    finally:
+        channel.close()
 
 
 if __name__ == "__main__":

@@ -216,10 +216,16 @@ def test_existing_output_is_refused_without_force(exported):
         export_checkpoint(run, artifact, ExportOptions())
 
 
+ONE_ENCODER = ("what this checks does not depend on the encoder's attention (two full exports per encoder cost "
+               "CI a minute): it runs for softmax")
+
+
 def test_a_missed_parity_gate_fails_the_export_and_leaves_nothing(exported, monkeypatch, tmp_path):
     from bertzoo.export import parity
 
-    _, run, _ = exported
+    attention, run, _ = exported
+    if attention != "softmax":
+        pytest.skip(ONE_ENCODER)
     monkeypatch.setitem(parity.BOUNDS, "fp32", parity.Bounds(tensor_max_abs=0.0, same_class=1.0, pearson_delta=0.0,
                                                             f1_delta=0.0))
     out = tmp_path / "art"
@@ -253,7 +259,9 @@ def test_cli_export_writes_an_artifact(exported, tmp_path):
 
     from bertzoo.cli import main
 
-    _, run, _ = exported
+    attention, run, _ = exported
+    if attention != "softmax":
+        pytest.skip(ONE_ENCODER)
     result = CliRunner().invoke(main, ["export", str(run), "--out", str(tmp_path / "a"), "--parity-limit", "8"])
     assert result.exit_code == 0, result.output
     assert "fp32" in result.output and (tmp_path / "a" / MANIFEST).is_file()

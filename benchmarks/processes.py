@@ -1,0 +1,77 @@
+"""Server processes for the benchmarks: start one and wait until it answers, read what it costs from /proc, stop it."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(command: list[str], ready: Callable[[], bool], timeout: float = 300.0,
+          env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Run ``command`` and return once ``ready()`` is true (it is polled; an exception counts as not yet)."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               env=None if env is None else {**os.environ, **env})
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{' '.join(command[:4])} exited: {process.stderr.read()[-2000:]}")
+        try:
+            if ready():
+                return process
+        except Exception:  # noqa: BLE001 (not up yet, whatever the client says)
+            pass
+        time.sleep(0.5)
+    process.kill()
+    raise TimeoutError(f"{' '.join(command[:4])} did not answer within {timeout:.0f} s")
+
+
+def start_bertzoo(artifact: str, port: int, *flags: str) -> subprocess.Popen:
+    """``bertzoo serve ARTIFACT`` on loopback ``port`` (metrics on a free port), ready once Sentiment answers."""
+    import grpc
+
+    from bertzoo.serving.client import BertzooClient
+
+    def ready() -> bool:
+        with BertzooClient(f"127.0.0.1:{port}") as client:
+            try:
+                client.sentiment(["ready?"], timeout=2)
+                return True
+            except grpc.RpcError:
+                return False
+
+    command = [sys.executable, "-m", "bertzoo", "serve", artifact, "--host", "127.0.0.1", "--port", str(port),
+               "--metrics-port", str(free_port()), *flags]
+    return start(command, ready)
+
+
+def stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid``, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def memory_mb(pid: int) -> dict[str, float]:
+    """Resident memory now (VmRSS) and at its peak (VmHWM), MB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return {key: int(re.search(rf"{key}:\s+(\d+)", status).group(1)) / 1024 for key in ("VmRSS", "VmHWM")}
