@@ -37,8 +37,9 @@ def start(command: list[str], ready: Callable[[], bool], timeout: float = 300.0,
     raise TimeoutError(f"{' '.join(command[:4])} did not answer within {timeout:.0f} s")
 
 
-def start_bertzoo(artifact: str, port: int, *flags: str) -> subprocess.Popen:
-    """``bertzoo serve ARTIFACT`` on loopback ``port`` (metrics on a free port), ready once Sentiment answers."""
+def start_bertzoo(artifact: str, port: int, *flags: str, metrics_port: int | None = None) -> subprocess.Popen:
+    """``bertzoo serve ARTIFACT`` on loopback ``port`` (metrics on ``metrics_port``, default a free port), ready once
+    Sentiment answers."""
     import grpc
 
     from bertzoo.serving.client import BertzooClient
@@ -52,7 +53,7 @@ def start_bertzoo(artifact: str, port: int, *flags: str) -> subprocess.Popen:
                 return False
 
     command = [sys.executable, "-m", "bertzoo", "serve", artifact, "--host", "127.0.0.1", "--port", str(port),
-               "--metrics-port", str(free_port()), *flags]
+               "--metrics-port", str(metrics_port or free_port()), *flags]
     return start(command, ready)
 
 
@@ -67,7 +68,12 @@ def stop(process: subprocess.Popen) -> None:
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process ``pid``, all its threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return stat_cpu_seconds(Path(f"/proc/{pid}/stat"))
+
+
+def stat_cpu_seconds(stat: Path) -> float:
+    """User + system CPU seconds from a /proc stat file (a process's, or one thread's: /proc/PID/task/TID/stat)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

@@ -365,6 +365,9 @@ def _serve_option(*decls: str, name: str, **kwargs):
 @_serve_option("--max-request-tokens", name="max_request_tokens", type=int,
                help="Encoder tokens per request (every sentence and QA window); costlier requests are refused with "
                     "INVALID_ARGUMENT.")
+@_serve_option("--instances", name="instances", type=int,
+               help="Engine instances running batches side by side (CPU engines), the --threads shared out among "
+                    "them; 2 on a small machine lets two batches run while the other waits for nothing.")
 @_serve_option("--long-request-tokens", name="long_request_tokens", type=int,
                help="Requests costing more encoder tokens than this run in the long-request lane, at low CPU "
                     "priority, so short requests are not held behind them.")

@@ -11,12 +11,13 @@ benchmarks/padding_sim.py); with ``pad_to="bucket"`` the length bucket.
 - **How much**: that bucket's items, oldest first, while the batch stays within ``max_batch_size`` sequences and
   ``max_batch_tokens`` padded tokens (rows x bucket width). An item is never split, so a QA item with more windows
   than a batch allows runs alone.
-- **When**: at once when the model is idle (``max_queue_delay_ms`` > 0 lets an idle model wait that long for a
-  fuller batch). While a batch runs, the next one is cut and padded as soon as a full batch is waiting, so the
-  worker starts it the moment it is free; otherwise it is cut when the worker frees, taking everything that came
-  meanwhile.
+- **When**: at once when an engine instance is idle (``max_queue_delay_ms`` > 0 lets an idle model wait that long
+  for a fuller batch). While every instance runs a batch, the next one is cut and padded as soon as a full batch is
+  waiting, so an instance starts it the moment it is free; otherwise it is cut when one frees, taking everything
+  that came meanwhile.
 
-The model runs on one worker thread, never on the event loop. A server has two batchers ("lanes", served by two
+The model runs on worker threads, never on the event loop: one per engine instance (``--instances``; batches run
+side by side, one per instance). A server has two batchers ("lanes", served by two
 instances of the engine): the main one, and one for long requests (costing more than ``--long-request-tokens``,
 e.g. a QA item whose context makes 40 windows), whose worker runs at the lowest CPU priority
 (:func:`model_worker`), so a one-sentence request never waits behind a long one's compute: the operating
@@ -50,7 +51,8 @@ log = logging.getLogger("bertzoo.serving")
 
 # Runs one batch on the worker thread: (works, padded inputs) -> one output per work.
 BatchRunner = Callable[[Sequence[Work], dict], list]
-MAX_BATCHES_IN_FLIGHT = 2  # one running on the worker, one cut and padded, waiting for it
+# An engine instance: its batch runner and the one-thread worker (model_worker) it runs on.
+Instance = tuple[BatchRunner, ThreadPoolExecutor]
 # CPU priorities (Linux nice values) of the lanes' workers. The event loop (network, validation, refusals) keeps the
 # normal priority, so while the engine saturates every core a request is still accepted, queued or refused at once.
 # The long lane's worker takes only what the main lane leaves: beside a long-lane worker of equal priority a
@@ -68,11 +70,11 @@ def lower_thread_priority(nice: int) -> None:
         log.warning("could not lower the priority of %s (%s)", threading.current_thread().name, e)
 
 
-def model_worker(lane: str = "main") -> ThreadPoolExecutor:
-    """A lane's one-thread executor, at that lane's CPU priority: build the lane's engine on it (so the engine's own
-    threads inherit the priority), then hand it to the lane's :class:`Batcher`."""
+def model_worker(lane: str = "main", instance: int = 0) -> ThreadPoolExecutor:
+    """A lane's one-thread executor (for its engine ``instance``), at that lane's CPU priority: build the engine on
+    it (so the engine's own threads inherit the priority), then hand it to the lane's :class:`Batcher`."""
     nice = MAIN_LANE_NICE if lane == "main" else LONG_LANE_NICE
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"bertzoo-{lane}",
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"bertzoo-{lane}{instance or ''}",
                               initializer=lower_thread_priority, initargs=(nice,))
 
 
@@ -115,10 +117,16 @@ class _Batch:
 
 class Batcher:
     def __init__(self, run: BatchRunner, bucket_for: Callable[[int], int], pad_id: int, settings: BatchSettings,
-                 metrics: Metrics, lane: str = "main", executor: ThreadPoolExecutor | None = None) -> None:
+                 metrics: Metrics, lane: str = "main", executor: ThreadPoolExecutor | None = None,
+                 more_instances: Sequence[Instance] = ()) -> None:
         """``lane`` ("main" or "long") labels the queue gauges; ``executor``: the one-thread worker to run batches on
-        (default: a new :func:`model_worker`). The batcher shuts it down when it closes."""
+        (default: a new :func:`model_worker`); ``more_instances``: further engine instances, each with its own worker,
+        to run batches beside the first. The batcher shuts the workers down when it closes."""
         self._run = run
+        self._more_instances = list(more_instances)
+        self._free: asyncio.Queue[Instance] | None = None  # instances not running a batch
+        # One batch per instance running, and one cut and padded, waiting for the first instance to free.
+        self._max_in_flight = 2 + len(self._more_instances)
         self.lane = lane
         self._queue_depth = metrics.queue_depth.labels(lane)
         self._queue_sequences = metrics.queue_sequences.labels(lane)
@@ -147,6 +155,9 @@ class Batcher:
         """Start scheduling; call from the event loop the server runs on."""
         if self._executor is None:
             self._executor = model_worker(self.lane)
+        self._free = asyncio.Queue()
+        for instance in [(self._run, self._executor), *self._more_instances]:
+            self._free.put_nowait(instance)
         self._scheduler = asyncio.get_running_loop().create_task(self._schedule(), name="bertzoo-batcher")
 
     async def close(self, timeout: float | None = None) -> None:
@@ -169,8 +180,9 @@ class Batcher:
                     item.job.future.set_exception(Unavailable("the server shut down", reason="shutdown"))
         self._scheduler.cancel()
         await asyncio.gather(self._scheduler, *self._batch_tasks, return_exceptions=True)
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
+        for executor in [self._executor, *(e for _, e in self._more_instances)]:
+            if executor is not None:
+                executor.shutdown(wait=True)
         self._closed = True
 
     # ------------------------------------------------------------------ requests
@@ -256,11 +268,11 @@ class Batcher:
     def _dispatch_ready(self) -> float | None:
         """Hand the worker every batch it should get now; returns how long to sleep (None: until woken)."""
         loop = asyncio.get_running_loop()
-        while self._waiting_rows and self._in_flight < MAX_BATCHES_IN_FLIGHT:
+        while self._waiting_rows and self._in_flight < self._max_in_flight:
             oldest = self._oldest()
             full = self._is_full(oldest.bucket)
-            if self._in_flight and not full:
-                return None  # the worker is busy: wait for it, collecting more items meanwhile
+            if self._in_flight >= self._max_in_flight - 1 and not full:
+                return None  # every instance is busy: wait for one, collecting more items meanwhile
             delay = self._settings.max_queue_delay_ms / 1000.0
             if not self._in_flight and not full and delay > 0 and not self._closing:
                 left = oldest.enqueued + delay - loop.time()
@@ -306,7 +318,7 @@ class Batcher:
 
     # ------------------------------------------------------------------ running (worker thread)
 
-    def _compute(self, batch: _Batch) -> tuple[list | None, float, float]:
+    def _compute(self, run: BatchRunner, batch: _Batch) -> tuple[list | None, float, float]:
         """Run the batch (on the worker thread); None when all of its requests were cancelled or expired while it
         waited for the worker (read-only looks at the futures: the event loop settles them)."""
         now = time.monotonic()  # the event loop's clock
@@ -314,7 +326,7 @@ class Batcher:
                for item in batch.items):
             return None, 0.0, 0.0
         started = time.perf_counter()
-        outputs = self._run([item.job.works[item.index] for item in batch.items], batch.inputs)
+        outputs = run([item.job.works[item.index] for item in batch.items], batch.inputs)
         return outputs, started, time.perf_counter()
 
     @staticmethod
@@ -327,8 +339,13 @@ class Batcher:
 
     async def _execute(self, batch: _Batch) -> None:
         loop = asyncio.get_running_loop()
+        assert self._free is not None, "start() first"
         try:
-            outputs, started, ended = await loop.run_in_executor(self._executor, self._compute, batch)
+            run, executor = await self._free.get()
+            try:
+                outputs, started, ended = await loop.run_in_executor(executor, self._compute, run, batch)
+            finally:
+                self._free.put_nowait((run, executor))
             if outputs is None:  # cut ahead of time, and by its turn nobody waited for it any more
                 self._expire(batch, loop.time())
                 return

@@ -4,6 +4,7 @@ environment-variable mirrors and logs it (token redacted) at start."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +50,10 @@ class ServeConfig:
     variant: str = "fp32"  # onnxruntime encoder variant: fp32, optimized or int8
     openvino_cache_dir: str | None = None  # OpenVINO's compiled-model cache; None: ~/.cache/bertzoo/openvino
     threads: int | None = None  # intra-op threads of the backend; None: all cores
+    # Engine instances in the main lane, each on its own worker thread with threads // instances intra-op threads,
+    # running batches side by side (Triton's instance groups). On few cores, two single-threaded instances beat one
+    # two-threaded one on the server's small batches: no waiting for each other inside an operator (RESULTS.md).
+    instances: int = 1
     # ORT worker threads spin between ops when on. Off by default: a server shares its cores with gRPC, the event loop
     # and the tokenizer, and spinning threads starve them (measured: +28% throughput with it off, RESULTS.md).
     ort_spinning: bool = False
@@ -120,8 +125,20 @@ class ServeConfig:
                 raise ValueError(f"{name} must be a TCP port (0-65535), got {getattr(self, name)}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.instances < 1:
+            raise ValueError(f"instances must be >= 1, got {self.instances}")
+        if self.instances > 1 and (self.backend not in ("onnxruntime", "openvino") or self.device != "cpu"):
+            raise ValueError("instances > 1 is for the CPU engines (onnxruntime, openvino); a GPU engine batches on "
+                             "one device")
         if self.shutdown_grace < 0:
             raise ValueError(f"shutdown_grace must be >= 0, got {self.shutdown_grace}")
+
+    @property
+    def engine_threads(self) -> int | None:
+        """Intra-op threads of each engine instance: ``threads`` (default all cores) shared out among the instances."""
+        if self.instances == 1:
+            return self.threads
+        return max(1, (self.threads or os.cpu_count() or 1) // self.instances)
 
     @property
     def message_limit(self) -> int:

@@ -158,3 +158,13 @@ def run_batch(backend: Backend, works: Sequence[Work], inputs: dict[str, np.ndar
         for i, result in zip(members, results, strict=True):
             outputs[i] = result
     return outputs
+
+
+class EngineRunner:
+    """:func:`run_batch` bound to one engine instance: what the batcher calls on that instance's worker thread."""
+
+    def __init__(self, backend: Backend, pooling: str) -> None:
+        self.backend, self.pooling = backend, pooling
+
+    def __call__(self, works: Sequence[Work], inputs: dict[str, np.ndarray]) -> list[object]:
+        return run_batch(self.backend, works, inputs, self.pooling)

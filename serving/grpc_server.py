@@ -30,7 +30,7 @@ from grpc_reflection.v1alpha import reflection
 
 from .batcher import Batcher, model_worker
 from .config import BatchSettings, ServeConfig
-from .engine import padded_width, run_batch
+from .engine import EngineRunner, padded_width
 from .interceptors import BearerTokenInterceptor, MalformedRequestInterceptor
 from .metrics import Metrics
 from .model import ServedModel, load_served_model, release_freed_memory, runtime_versions, warm_up
@@ -137,8 +137,16 @@ class BertzooServer:
         # Items are grouped for batching by the width they will be padded to: with pad_to="longest" their own length
         # rounded up to 8 (a batch pads no row by more than 7 tokens), with pad_to="bucket" the length bucket.
         group = padded_width if config.batch.pad_to == "longest" else served.spec.bucket_for
-        self._batcher = Batcher(lambda works, inputs: run_batch(backend, works, inputs, pooling),
-                                group, served.tokenizer.pad_id, config.batch, self.metrics, executor=main_worker)
+        more_instances = []
+        for instance in range(1, config.instances):  # more main-lane engines (config checked they can be rebuilt)
+            assert served.spare_backend is not None
+            worker = model_worker("main", instance)
+            engine = await loop.run_in_executor(worker, served.spare_backend)
+            if config.warmup:
+                await loop.run_in_executor(worker, warm_up, served, engine)
+            more_instances.append((EngineRunner(engine, pooling), worker))
+        self._batcher = Batcher(EngineRunner(backend, pooling), group, served.tokenizer.pad_id, config.batch,
+                                self.metrics, executor=main_worker, more_instances=more_instances)
         self._batcher.start()
         if served.spare_backend is not None and config.long_request_tokens < config.max_request_tokens:
             # The long-request lane (only where a request can be long): its own engine instance, built and run on a
@@ -147,7 +155,7 @@ class BertzooServer:
             spare = await loop.run_in_executor(worker, served.spare_backend)
             if config.warmup:
                 await loop.run_in_executor(worker, warm_up, served, spare)
-            self._long_lane = Batcher(lambda works, inputs: run_batch(spare, works, inputs, pooling), group,
+            self._long_lane = Batcher(EngineRunner(spare, pooling), group,
                                       served.tokenizer.pad_id, long_lane_settings(config), self.metrics,
                                       lane="long", executor=worker)
             self._long_lane.start()

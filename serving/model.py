@@ -81,30 +81,30 @@ def _from_artifact(config: ServeConfig) -> ServedModel:
     tokenizer = Tokenizer.from_file(directory / manifest["tokenizer"])
     if config.backend == "tensorrt":
         variant, precision = "tensorrt_fp16", "fp16"
-        backend = create_backend("tensorrt", directory, variant=variant, threads=config.threads, manifest=manifest)
+        backend = create_backend("tensorrt", directory, variant=variant, threads=config.engine_threads, manifest=manifest)
     elif config.backend == "openvino":
-        backend = create_backend("openvino", directory, precision=config.precision, threads=config.threads,
+        backend = create_backend("openvino", directory, precision=config.precision, threads=config.engine_threads,
                                  manifest=manifest, cache_dir=config.openvino_cache_dir)
         variant, precision = f"openvino_{backend.precision}", backend.precision
         from .parity_gate import check_engine
 
-        check_engine(backend, "openvino", precision, directory, manifest, tokenizer, limits, config.threads)
+        check_engine(backend, "openvino", precision, directory, manifest, tokenizer, limits, config.engine_threads)
         log.info("openvino %s: inference precision %s (%s), model cache %s", backend.version, precision,
                  "asked for" if config.precision != "auto" else "auto: " + (
                      "the CPU computes bf16 natively" if precision == "bf16" else "no native bf16 on this CPU"),
                  backend.cache_dir or "off")
     else:
         variant, precision = config.variant, "int8" if config.variant == "int8" else "fp32"
-        backend = create_backend("onnxruntime", directory, variant=config.variant, threads=config.threads,
+        backend = create_backend("onnxruntime", directory, variant=config.variant, threads=config.engine_threads,
                                  device=config.device, manifest=manifest, spinning=config.ort_spinning)
     spare = None
     if config.backend == "onnxruntime" and config.device == "cpu":
         def spare() -> Backend:  # the files were hash-checked above; spinning off: this lane only takes idle time
-            return create_backend("onnxruntime", directory, variant=config.variant, threads=config.threads,
+            return create_backend("onnxruntime", directory, variant=config.variant, threads=config.engine_threads,
                                   manifest=manifest)
     elif config.backend == "openvino":
         def spare() -> Backend:  # compiled from the cache the main engine just filled
-            return create_backend("openvino", directory, precision=precision, threads=config.threads,
+            return create_backend("openvino", directory, precision=precision, threads=config.engine_threads,
                                   manifest=manifest, cache_dir=config.openvino_cache_dir)
     spec = ModelSpec(
         tasks=tuple(model["tasks"]), labels=labels, limits=limits, pooling=model["pooling"],

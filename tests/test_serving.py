@@ -271,3 +271,28 @@ def test_the_pytorch_reference_backend_serves_a_checkpoint(tiny_artifact, served
     _, onnx_client, _ = served  # and the exported graphs agree with it
     np.testing.assert_allclose([r.score for r in onnx_client.similarity([(e.text_a, e.text_b) for e in pairs]).results],
                                expected, atol=1e-4)
+
+
+def test_two_engine_instances_answer_as_one(tiny_artifact, reference):
+    """--instances 2: concurrent requests spread over two engines, and every answer is the pipeline's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, artifact = tiny_artifact
+    backend, tokenizer, limits, _ = reference
+    sentences = load_split(samples_dir(), "sentiment", "dev")[:40]
+    expected = T.postprocess_sentiment(pipeline.predict(backend, "sentiment", sentences, tokenizer, limits),
+                                       T.task_spec("sentiment"))
+    with ServerThread(serve_config(artifact, instances=2, threads=2)) as running, \
+            BertzooClient(f"127.0.0.1:{running.port}", timeout=30) as client:
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda e: client.sentiment([e.text]).results[0], sentences))
+    np.testing.assert_allclose([a.probabilities for a in answers], [e.probabilities for e in expected], atol=1e-5)
+    assert [a.label for a in answers] == [e.label for e in expected]
+
+
+def test_instances_are_for_the_cpu_engines(tiny_artifact):
+    _, artifact = tiny_artifact
+    with pytest.raises(ValueError, match="instances > 1 is for the CPU engines"):
+        serve_config(artifact, instances=2, device="cuda")
+    assert serve_config(artifact, instances=2, threads=4).engine_threads == 2
+    assert serve_config(artifact, instances=3, threads=2).engine_threads == 1

@@ -226,3 +226,39 @@ def test_close_finishes_queued_requests_before_stopping():
         return [j.future.result() for j in jobs]
 
     assert run(scenario, runner) == [[10], [20], [30]]
+
+
+def test_two_engine_instances_run_two_batches_side_by_side():
+    """With a second instance, a request arriving while the first instance is held runs at once on the second,
+    instead of waiting; each instance runs on its own worker thread."""
+    from bertzoo.serving.batcher import model_worker
+
+    first, second = Runner(), Runner()
+    threads: dict[str, set[str]] = {"first": set(), "second": set()}
+
+    def on(runner: Runner, name: str):
+        def call(works, inputs):
+            threads[name].add(threading.current_thread().name)
+            return runner(works, inputs)
+        return call
+
+    async def main():
+        batcher = Batcher(on(first, "first"), bucket_for, pad_id=0, settings=BatchSettings(), metrics=Metrics(),
+                          more_instances=[(on(second, "second"), model_worker("main", 1))])
+        batcher.start()
+        try:
+            first.gate.clear()
+            held = batcher.submit([sentence(5, marker=1)])
+            await until(lambda: batcher._in_flight == 1)
+            quick = batcher.submit([sentence(5, marker=2)])
+            assert await asyncio.wait_for(quick.future, 5) == [20]  # while the first instance is still held
+            assert not held.future.done()
+            first.gate.set()
+            assert await held.future == [10]
+        finally:
+            first.gate.set()
+            await batcher.close(timeout=5)
+
+    asyncio.run(main())
+    assert [b[0] for b in first.batches] == [[1]] and [b[0] for b in second.batches] == [[2]]
+    assert threads["first"].isdisjoint(threads["second"])
