@@ -9,8 +9,10 @@ sending one SST dev sentence per request, in this order:
 1. the machine: the peak rate of one large fp32 and int8 matrix product on these cores (benchmarks/ceiling.py);
 2. the in-process ceiling of each encoder variant (fp32, optimized, int8): the same ONNX Runtime backend and the same
    pre- and post-processing the server runs, on every sentence in length-sorted batches of 64, no transport, for
-   Sentiment and for Embed;
-3. `bertzoo serve` with each variant, answering Sentiment and Embed: sentences/s against that ceiling, the useful
+   Sentiment and for Embed; the best of one engine on all threads and of one single-threaded engine per core running
+   side by side (what `--instances` does);
+3. `bertzoo serve` with each variant (and each --instances count), answering Sentiment and Embed: sentences/s against
+   that ceiling, the useful
    encoder work (unpadded tokens, in FLOPs) against the matrix-product peak of its precision, and the CPU the server
    and the load generator each used (they share the cores);
 4. with --infinity: infinity-emb 0.0.78 on the same MiniLM at its CPU engines (torch; optimum = ONNX Runtime, fp32
@@ -55,8 +57,10 @@ def own_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def in_process_ceiling(artifact: str, variant: str, task: str, sentences: list[str], threads: int) -> float:
-    """Sentences per second through the backend and the shared pre- and post-processing, batches of 64."""
+def in_process_ceiling(artifact: str, variant: str, task: str, sentences: list[str], threads: int,
+                       instances: int = 1) -> float:
+    """Sentences per second through the backend and the shared pre- and post-processing, batches of 64; with
+    ``instances`` engines of ``threads // instances`` threads each working on their share side by side."""
     from bertzoo import pipeline
     from bertzoo.artifact import load_manifest
     from bertzoo.serving.backends import create_backend
@@ -66,26 +70,28 @@ def in_process_ceiling(artifact: str, variant: str, task: str, sentences: list[s
 
     manifest = load_manifest(artifact)
     # Spinning on: with the cores to itself this is the backend's best (the server turns it off, see --ort-spinning).
-    backend = create_backend("onnxruntime", artifact, variant=variant, threads=threads, manifest=manifest,
-                             spinning=True)
+    backends = [create_backend("onnxruntime", artifact, variant=variant, threads=max(1, threads // instances),
+                               manifest=manifest, spinning=True) for _ in range(instances)]
     tokenizer = Tokenizer.from_file(Path(artifact) / manifest["tokenizer"])
     limits = Limits(**manifest["limits"])
 
-    def sentiment(texts: list[str]) -> None:
+    def sentiment(backend, texts: list[str]) -> None:
         examples = [SentenceExample(str(i), s, None) for i, s in enumerate(texts)]
         pipeline.predict(backend, "sentiment", examples, tokenizer, limits, 64)
 
-    def embed(texts: list[str]) -> None:
+    def embed(backend, texts: list[str]) -> None:
         encodings = tokenizer.encode_sentences(texts, limits.max_seq_length)
         for idx in pipeline.length_sorted_batches([len(e.input_ids) for e in encodings], 64):
             batch = pad_batch([encodings[i] for i in idx], tokenizer.pad_id, pad_to_multiple_of=8)
             pool_embeddings(backend.encode(batch), batch["attention_mask"], manifest["model"]["pooling"])
 
     run = sentiment if task == "sentiment" else embed
-    run(sentences[:64])  # warm-up
-    started = time.perf_counter()
-    run(sentences)
-    return len(sentences) / (time.perf_counter() - started)
+    for backend in backends:
+        run(backend, sentences[:64])  # warm-up
+    with futures.ThreadPoolExecutor(instances) as pool:
+        started = time.perf_counter()
+        list(pool.map(run, backends, [sentences[i::instances] for i in range(instances)]))
+        return len(sentences) / (time.perf_counter() - started)
 
 
 def measured_load(pid: int, load) -> dict:
@@ -229,10 +235,10 @@ def report(results: dict) -> None:
     for name, ratio in results.get("against_infinity", {}).items():
         print(f"{name}: {ratio:.2f}x")
     h = results["half_saturation"]
-    print(f"\nfp32 server at half saturation ({h['rate']:.1f} requests/s, open loop, {h['sent']} sent, "
+    print(f"\n{h['server']} at half saturation ({h['rate']:.1f} requests/s, open loop, {h['sent']} sent, "
           f"{h['errors']} errors): p50 {h['p50_ms']:.1f} ms, p99 {h['p99_ms']:.1f} ms, p99/p50 "
           f"{h['p99_ms'] / h['p50_ms']:.2f}")
-    print("\nmixed load on the fp32 server (all five RPCs at once):")
+    print("\nmixed load on that server (all five RPCs at once):")
     for task, s in results["mixed"].items():
         print(f"- {task}: {s['items_per_s']:.1f} items/s, p50 {s['p50_ms']:.1f} ms, p99 {s['p99_ms']:.1f} ms, "
               f"errors {s['errors'] or 'none'}")
@@ -250,6 +256,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--instances", default="1,2", help="`bertzoo serve --instances` counts to measure")
     parser.add_argument("--infinity", metavar="VENV", help="infinity-emb's virtual environment (peer rows)")
     parser.add_argument("--infinity-models", metavar="MODELS", help="its model folders (peers/infinity_setup.sh)")
     parser.add_argument("--out", help="also write the results as JSON here")
@@ -276,8 +283,8 @@ def main() -> None:
     results: dict = {**machine(), "threads": args.threads, "concurrency": args.concurrency,
                      "mean_tokens": float(np.mean(lengths)), "mflop_per_token": flop / sum(lengths) / 1e6,
                      "gemm_peak_gflops": {p: gemm_peak_gflops(args.threads, p) for p in ("fp32", "int8")}, "rows": []}
-    ceilings = {(v, t): in_process_ceiling(args.artifact, v, t, sentences, args.threads) for v in VARIANTS
-                for t in TASKS}
+    instance_counts = [int(n) for n in args.instances.split(",")]
+    ceilings: dict = {}
 
     def add(setup: str, rpc: str, items_per_s: float, variant: str | None = None, **extra) -> dict:
         peak = results["gemm_peak_gflops"]["int8" if variant == "int8" else "fp32"]
@@ -288,40 +295,51 @@ def main() -> None:
         results["rows"].append(row)
         return row
 
-    for (variant, task), rate in ceilings.items():
-        add(f"in-process ceiling, {variant}", task, rate, variant)
-    for variant in VARIANTS:
-        port = free_port()
-        server = start_bertzoo(args.artifact, port, "--variant", variant, "--threads", str(args.threads))
-        try:
-            for task in TASKS:
-                s = measured_load(server.pid, lambda t=task, p=port: closed_loop(p, t, sentences, args.concurrency,
-                                                                         args.duration))
-                add(f"bertzoo serve, {variant}", task, s["items_per_s"], variant, p50_ms=s["p50_ms"],
-                    p99_ms=s["p99_ms"], server_cores=s["server_cores"], load_generator_cores=s["load_generator_cores"],
-                    errors=sum(s["errors"].values()))
-                print(f"bertzoo serve, {variant}, {task}: {s['items_per_s']:.1f} sentences/s", flush=True)
-            if variant == "fp32":
-                half = results["rows"][-2]["items_per_s"] / 2  # its Sentiment saturation
-                results["half_saturation"] = asyncio.run(_open_loop(port, sentences, half, args.duration))
-                results["mixed"] = mixed(port, Path(args.data).parent, args.concurrency, args.duration)
-            results[f"peak_rss_mb, bertzoo serve {variant}"] = memory_mb(server.pid)["VmHWM"]
-        finally:
-            stop(server)
+    for variant in VARIANTS:  # each variant's ceiling measured just before its servers: the machine drifts
+        for task in TASKS:
+            rates = {n: in_process_ceiling(args.artifact, variant, task, sentences, args.threads, n)
+                     for n in sorted({1, args.threads})}
+            ceilings[(variant, task)] = max(rates.values())
+            for n, rate in rates.items():
+                add(f"in-process ceiling, {variant}, {n} engine(s)", task, rate, variant)
+        for instances in instance_counts:
+            name, port = f"bertzoo serve, {variant}, --instances {instances}", free_port()
+            server = start_bertzoo(args.artifact, port, "--variant", variant, "--threads", str(args.threads),
+                                   "--instances", str(instances))
+            try:
+                for task in TASKS:
+                    s = measured_load(server.pid, lambda t=task, p=port: closed_loop(p, t, sentences,
+                                                                                     args.concurrency, args.duration))
+                    add(name, task, s["items_per_s"], variant, p50_ms=s["p50_ms"], p99_ms=s["p99_ms"],
+                        server_cores=s["server_cores"], load_generator_cores=s["load_generator_cores"],
+                        errors=sum(s["errors"].values()))
+                    print(f"{name}, {task}: {s['items_per_s']:.1f} sentences/s", flush=True)
+                if variant == "fp32" and instances == instance_counts[-1]:
+                    half = results["rows"][-2]["items_per_s"] / 2  # its Sentiment saturation
+                    results["half_saturation"] = asyncio.run(_open_loop(port, sentences, half, args.duration))
+                    results["half_saturation"]["server"] = name
+                    results["mixed"] = mixed(port, Path(args.data).parent, args.concurrency, args.duration)
+                results[f"peak_rss_mb, {name}"] = memory_mb(server.pid)["VmHWM"]
+            finally:
+                stop(server)
     if args.infinity:
         peers = infinity_rows(args.infinity, args.infinity_models, sentences, args.concurrency, args.duration)
         for name, s in peers.items():
             add(name, "embed", s["items_per_s"], p50_ms=s["p50_ms"], p99_ms=s["p99_ms"],
                 server_cores=s["server_cores"], load_generator_cores=s["load_generator_cores"],
                 errors=sum(s["errors"].values()))
-        served = {r["setup"]: r["items_per_s"] for r in results["rows"] if r["rpc"] == "embed"}
         best_fp32 = max(s["items_per_s"] for name, s in peers.items() if "fp32" in name)
         best_any = max(v["items_per_s"] for v in peers.values())
+
+        def best_served(variant: str) -> float:
+            return max(r["items_per_s"] for r in results["rows"]
+                       if r["rpc"] == "embed" and r["setup"].startswith(f"bertzoo serve, {variant},"))
+
         results["against_infinity"] = {
-            "bertzoo Embed fp32 / infinity's best fp32": served["bertzoo serve, fp32"] / best_fp32,
-            "bertzoo Embed optimized (fp32) / infinity's best fp32": served["bertzoo serve, optimized"] / best_fp32,
-            "bertzoo Embed int8 / infinity's best fp32": served["bertzoo serve, int8"] / best_fp32,
-            "bertzoo Embed int8 / infinity's best (any precision)": served["bertzoo serve, int8"] / best_any}
+            "bertzoo Embed fp32 / infinity's best fp32": best_served("fp32") / best_fp32,
+            "bertzoo Embed optimized (fp32) / infinity's best fp32": best_served("optimized") / best_fp32,
+            "bertzoo Embed int8 / infinity's best fp32": best_served("int8") / best_fp32,
+            "bertzoo Embed int8 / infinity's best (any precision)": best_served("int8") / best_any}
     port = free_port()
     plain = start([sys.executable, __file__, args.artifact, args.checkpoint, "--data", args.data, "--plain-server",
                    "--port", str(port)], lambda: _answers(port))
