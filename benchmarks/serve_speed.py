@@ -282,20 +282,27 @@ def main() -> None:
           f"{args.threads} backend threads; {os.cpu_count()} cores shared with the load generator", flush=True)
     results: dict = {**machine(), "threads": args.threads, "concurrency": args.concurrency,
                      "mean_tokens": float(np.mean(lengths)), "mflop_per_token": flop / sum(lengths) / 1e6,
-                     "gemm_peak_gflops": {p: gemm_peak_gflops(args.threads, p) for p in ("fp32", "int8")}, "rows": []}
+                     "gemm_peak_gflops": {"fp32": 0.0, "int8": 0.0}, "rows": []}
+
+    def measure_gemm_peaks() -> None:
+        """The peaks are the best seen: measured before each variant and at the end, since one short measurement
+        can land on a moment the machine is busy elsewhere (a shared VM)."""
+        for precision, peak in results["gemm_peak_gflops"].items():
+            results["gemm_peak_gflops"][precision] = max(peak, gemm_peak_gflops(args.threads, precision))
+
     instance_counts = [int(n) for n in args.instances.split(",")]
     ceilings: dict = {}
 
     def add(setup: str, rpc: str, items_per_s: float, variant: str | None = None, **extra) -> dict:
-        peak = results["gemm_peak_gflops"]["int8" if variant == "int8" else "fp32"]
-        row = {"setup": setup, "rpc": rpc, "items_per_s": items_per_s,
-               "of_gemm_peak": items_per_s * flop_per_sentence / 1e9 / peak, **extra}
+        row = {"setup": setup, "rpc": rpc, "items_per_s": items_per_s, "useful_gflops": items_per_s * flop_per_sentence
+               / 1e9, "gemm_precision": "int8" if variant == "int8" or setup.endswith("int8") else "fp32", **extra}
         if variant is not None and "in-process" not in setup:
             row["of_ceiling"] = items_per_s / ceilings[(variant, rpc)]
         results["rows"].append(row)
         return row
 
     for variant in VARIANTS:  # each variant's ceiling measured just before its servers: the machine drifts
+        measure_gemm_peaks()
         for task in TASKS:
             rates = {n: in_process_ceiling(args.artifact, variant, task, sentences, args.threads, n)
                      for n in sorted({1, args.threads})}
@@ -351,6 +358,9 @@ def main() -> None:
             errors=sum(s["errors"].values()))
     finally:
         stop(plain)
+    measure_gemm_peaks()
+    for row in results["rows"]:  # against the best peak of the run
+        row["of_gemm_peak"] = row["useful_gflops"] / results["gemm_peak_gflops"][row.pop("gemm_precision")]
     report(results)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
