@@ -106,14 +106,14 @@ def main() -> None:
     parser.add_argument("--py-spy", default=shutil.which("py-spy"), help="the py-spy executable")
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     parser.add_argument("--out", help="also write the results as JSON here")
-    parser.add_argument("server_flags", nargs="*", help="extra `bertzoo serve` flags, after --")
+    parser.add_argument("--instances", type=int, default=1, help="`bertzoo serve --instances`")
     args = parser.parse_args()
     if not args.py_spy:
         parser.error("py-spy not found: pip install py-spy, or pass --py-spy PATH")
     sentences = load_items("sentiment", args.data)
     port, metrics_port = free_port(), free_port()
     server = start_bertzoo(args.artifact, port, "--variant", args.variant, "--threads", str(args.threads),
-                           *args.server_flags, metrics_port=metrics_port)
+                           "--instances", str(args.instances), metrics_port=metrics_port)
     target = f"127.0.0.1:{port}"
     try:
         asyncio.run(run_load(target, args.task, sentences, concurrency=args.concurrency, duration=3))  # warm-up
@@ -152,7 +152,8 @@ def main() -> None:
                / max(delta.get(f"bertzoo_{name}_seconds_count{{{task}}}", 0.0), 1.0)
                for name in ("queue", "tokenize", "inference", "request")}
     batches = max(delta.get("bertzoo_batch_size_count", 0.0), 1.0)
-    results = {**machine(), "variant": args.variant, "task": args.task, "concurrency": args.concurrency,
+    results = {**machine(), "variant": args.variant, "instances": args.instances, "task": args.task,
+               "concurrency": args.concurrency,
                "load": load, "server_cpu_s": sum(c for _, c in cpu.values()), "wall_s": wall,
                "cpu_ms_per_request": {s: 1000 * c / requests for s, c in sorted(stages.items(), key=lambda x: -x[1])},
                "threads_cpu_s": {f"{name} ({'python: ' + py_tids[tid] if tid in py_tids else 'native'})": c
@@ -162,10 +163,10 @@ def main() -> None:
                "mean_padded_tokens_per_row": delta.get("bertzoo_batch_tokens_sum", 0.0)
                / max(delta.get("bertzoo_batch_size_sum", 0.0), 1.0),
                "profile_samples": total_samples}
-    print(f"{args.variant} {args.task}, {args.concurrency} clients: {load['items_per_s']:.1f} requests/s, p50 "
-          f"{load['p50_ms']:.1f} ms, p99 {load['p99_ms']:.1f} ms; server CPU {results['server_cpu_s'] / wall:.2f} "
-          f"cores; batches of {results['mean_batch_rows']:.1f} rows padded to "
-          f"{results['mean_padded_tokens_per_row']:.1f} tokens")
+    print(f"{args.variant} {args.task}, --instances {args.instances}, {args.concurrency} clients: "
+          f"{load['items_per_s']:.1f} requests/s, p50 {load['p50_ms']:.1f} ms, p99 {load['p99_ms']:.1f} ms; "
+          f"server CPU {results['server_cpu_s'] / wall:.2f} cores; batches of {results['mean_batch_rows']:.1f} rows "
+          f"padded to {results['mean_padded_tokens_per_row']:.1f} tokens")
     total = sum(results["cpu_ms_per_request"].values())
     print("\n| stage | CPU ms per request | share |\n|---|---|---|")
     for stage, ms in results["cpu_ms_per_request"].items():
