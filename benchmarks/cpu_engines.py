@@ -7,8 +7,9 @@ ARTIFACT: a `bertzoo export --int8` output. Engines: ONNX Runtime fp32 and int8 
 fp32, and OpenVINO bf16 where the CPU computes bf16 natively (AVX-512 BF16 or AMX). The encoder runs on every SST
 dev sentence in length-sorted batches of 64 through the engine as the server makes it (`create_backend`), twice,
 engines alternating; the best of the two rounds counts. Its work is counted in FLOPs (every layer's matrix products
-and attention, padding included) and set against the peak of one large fp32 matrix product on the same threads
-(ONNX Runtime's MatMul; an int8 engine's peak is higher, so its fraction reads high). Then each engine serves
+and attention, padding included) and set against the peak of one large matrix product of the engine's precision on
+the same threads (ONNX Runtime's MatMul in fp32, and dynamically quantized for int8; bf16 against fp32, since no
+bf16 product runs here to measure), the best of a measurement before and after the engines. Then each engine serves
 Sentiment to 64 closed-loop clients for --serve-seconds.
 
 --nncf-calibration SST_TRAIN adds an in-process row the server does not offer: the encoder quantized to int8 by
@@ -112,8 +113,7 @@ def main() -> None:
                           encoder["hidden_size"], encoder["intermediate_size"])
     engines = [(e, p) for e, p in ENGINES if not (e == "openvino" and p == "bf16" and not openvino.cpu_has_bf16())]
     results: dict = {**machine(), "threads": args.threads, "sentences": len(encodings), "encoder_gflop": flops / 1e9}
-    results["gemm_peak_gflops"] = gemm_peak_gflops(args.threads)
-    print(f"GEMM peak (fp32 MatMul, {args.threads} threads): {results['gemm_peak_gflops']:.0f} GFLOP/s", flush=True)
+    results["gemm_peak_gflops"] = {p: gemm_peak_gflops(args.threads, p) for p in ("fp32", "int8")}
     backends = {f"{e}/{p}": make(e, p, args.artifact, args.threads) for e, p in engines}
     if args.nncf_calibration:
         backends["openvino/int8-nncf"] = NncfInt8Encoder(args.artifact, args.threads, args.nncf_calibration,
@@ -124,13 +124,17 @@ def main() -> None:
         for name, backend in backends.items():
             backend.encode(batches[len(batches) // 2])
             seconds[name].append(timed(lambda b=backend: [b.encode(x) for x in batches]))
+    peaks = results["gemm_peak_gflops"]
+    for precision in peaks:  # a busy moment of a shared machine makes one measurement low: keep the best
+        peaks[precision] = max(peaks[precision], gemm_peak_gflops(args.threads, precision))
+    print(f"GEMM peak ({args.threads} threads): fp32 {peaks['fp32']:.0f} GFLOP/s, int8 {peaks['int8']:.0f}", flush=True)
     rows = []
     for name, times in seconds.items():
-        best = min(times)
+        best, peak = min(times), peaks["int8" if "int8" in name else "fp32"]
         rows.append({"engine": name, "sentences_per_s": len(encodings) / best, "gflops": flops / best / 1e9,
-                     "fraction_of_gemm_peak": flops / best / 1e9 / results["gemm_peak_gflops"]})
+                     "fraction_of_gemm_peak": flops / best / 1e9 / peak})
         print(f"{name:20} {rows[-1]['sentences_per_s']:7.1f} sentences/s  {rows[-1]['gflops']:6.1f} GFLOP/s  "
-              f"{rows[-1]['fraction_of_gemm_peak']:.2f} of the GEMM peak", flush=True)
+              f"{rows[-1]['fraction_of_gemm_peak']:.2f} of its precision's GEMM peak", flush=True)
     results["in_process"] = rows
     del backends
     for row in rows:
