@@ -88,10 +88,13 @@ def in_process_ceiling(artifact: str, variant: str, task: str, sentences: list[s
     run = sentiment if task == "sentiment" else embed
     for backend in backends:
         run(backend, sentences[:64])  # warm-up
+    best = float("inf")
     with futures.ThreadPoolExecutor(instances) as pool:
-        started = time.perf_counter()
-        list(pool.map(run, backends, [sentences[i::instances] for i in range(instances)]))
-        return len(sentences) / (time.perf_counter() - started)
+        for _ in range(2):  # the best of two passes: one pass is a few seconds, and the machine is shared
+            started = time.perf_counter()
+            list(pool.map(run, backends, [sentences[i::instances] for i in range(instances)]))
+            best = min(best, time.perf_counter() - started)
+    return len(sentences) / best
 
 
 def measured_load(pid: int, load) -> dict:
