@@ -1,11 +1,19 @@
-"""sparsegen-lin against softmax, side by side in one run: the probability function alone (forward + backward) and
-the whole MiniLM-sized encoder forward, as ratios to softmax. ``python benchmarks/sparsegen_speed.py``"""
+"""sparsegen-lin against softmax, side by side in one run: the probability function alone (forward + backward), the
+whole MiniLM-sized encoder forward, and a training step (the encoder's forward and backward, dropout on) with SSAF's
+bisection eager and as the native CPU kernel (trainer/sparsegen_cpu.cc), as ratios to softmax.
+``python benchmarks/sparsegen_speed.py [--steps-only]``"""
 
 from __future__ import annotations
 
-import torch
-from timing import median_ms  # benchmarks/timing.py
+import statistics
+import sys
+import time
+from unittest import mock
 
+import torch
+from timing import machine, median_ms  # benchmarks/timing.py
+
+from bertzoo.trainer import sparsegen_native
 from bertzoo.trainer.model import Encoder, EncoderConfig
 from bertzoo.trainer.sparsegen import masked_softmax, sparsegen_lin
 
@@ -49,8 +57,54 @@ def encoders(b: int, t: int) -> None:
         print(f"MiniLM encoder fwd b{b}/s{t}  {name:<20} {ms:8.2f} ms  x{ms / base:5.2f}")
 
 
+def training_steps(b: int, t: int, rounds: int = 15) -> None:
+    """One training step (forward + backward, dropout on) per variant per round, the variants interleaved; the ratio
+    to softmax is taken within each round, then its median and range are reported."""
+    ids = torch.randint(1000, 30000, (b, t))
+    mask = torch.ones(b, t, dtype=torch.long)
+    mask[: b // 2, t * 3 // 4:] = 0  # some padding, as in real batches
+    ssaf = {"attention": "sparsegen_lin", "sparsegen_lambda": -3.0, "sparsegen_impl": "bisect"}
+    variants = {"softmax (fused sdpa)": ({}, True), "SSAF bisect, eager": (ssaf, False),
+                "SSAF bisect, native kernel": (ssaf, True)}
+    encoders = {}
+    for name, (overrides, _) in variants.items():
+        torch.manual_seed(0)
+        encoders[name] = Encoder(EncoderConfig(**overrides)).train()
+
+    def step(name: str) -> float:
+        encoder, native = encoders[name], variants[name][1]
+        with mock.patch.object(sparsegen_native, "forward", sparsegen_native.forward if native else _none), \
+                mock.patch.object(sparsegen_native, "backward", sparsegen_native.backward if native else _none):
+            started = time.perf_counter()
+            encoder(ids, mask).last_hidden_state.pow(2).mean().backward()
+            elapsed = time.perf_counter() - started
+        encoder.zero_grad(set_to_none=True)
+        return elapsed * 1000
+
+    for name in variants:  # warm-up (and the kernel's build, once)
+        step(name), step(name)
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name in variants:
+            times[name].append(step(name))
+    base = times["softmax (fused sdpa)"]
+    for name, ms in times.items():
+        ratios = [m / s for m, s in zip(ms, base, strict=True)]
+        print(f"train step b{b}/s{t}  {name:<28} {statistics.median(ms):8.1f} ms  x{statistics.median(ratios):5.2f} "
+              f"(rounds: {min(ratios):.2f}-{max(ratios):.2f})")
+
+
+def _none(*_args):
+    return None
+
+
 if __name__ == "__main__":
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {machine()}; native kernel: "
+          f"{sparsegen_native.available() or sparsegen_native.unavailable_reason()}")
+    for b, t in ((16, 64), (8, 128)):
+        training_steps(b, t)
+    if "--steps-only" in sys.argv:
+        sys.exit(0)
     for b, t in ((8, 128), (32, 64)):
         probability_functions(b, t)
     encoders(8, 128)

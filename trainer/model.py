@@ -120,7 +120,7 @@ class SelfAttention(nn.Module):
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=dropout_p)
             probs = None
         else:
-            scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_size)
+            scores = (q / math.sqrt(self.head_size)) @ k.transpose(-1, -2)  # scaling q: t/d times fewer elements
             probs = attention_probs(scores, key_mask, self.function, self.lam, self.impl)
             context = F.dropout(probs, dropout_p, self.training) @ v
         b, _, t, _ = context.shape

@@ -14,6 +14,10 @@ Two ways to find the threshold, both exact:
 The backward pass is the closed form shared by both (Martins & Astudillo 2016): on the support S,
 ``dz = (g - mean_S(g)) / (1 - lam)``, and zero elsewhere. It needs only ``p`` from the forward pass.
 
+Where each runs: ``bisect`` on CUDA is a Triton program per row (export/sparsegen_triton.py), and on the CPU, for
+float32 scores with the encoder's key mask, one native pass per row for the forward and one for the backward
+(trainer/sparsegen_cpu.cc via sparsegen_native.py); everything else runs the eager code below.
+
 Masked keys (padding) get exactly zero weight under both functions. Scores are computed in float32 and shifted by
 each row's maximum first, so very large scores neither overflow nor lose the support.
 """
@@ -22,6 +26,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from . import sparsegen_native
 
 ATTENTION_FUNCTIONS = ("softmax", "sparsegen_lin")
 SPARSEGEN_IMPLS = ("sort", "bisect")
@@ -107,6 +113,18 @@ def _(scores: Tensor, mask: Tensor | None, lam: float, impl: str) -> Tensor:
     return _sparsegen_lin_eager(scores, mask, lam, impl)
 
 
+@_sparsegen_lin_op.register_kernel("cpu")
+def _(scores: Tensor, mask: Tensor | None, lam: float, impl: str) -> Tensor:
+    # On the CPU the bisect threshold runs as one native pass per row (trainer/sparsegen_cpu.cc, Michelot's exact
+    # iteration) instead of ~40 eager passes over the whole score tensor; where it does not apply (no compiler, another
+    # dtype or mask shape) the eager code gives the same result. `sort`, the textbook oracle, stays eager.
+    if impl == "bisect":
+        probs = sparsegen_native.forward(scores, mask, lam)
+        if probs is not None:
+            return probs
+    return _sparsegen_lin_eager(scores, mask, lam, impl)
+
+
 @_sparsegen_lin_op.register_fake
 def _(scores: Tensor, mask: Tensor | None, lam: float, impl: str) -> Tensor:
     return torch.empty_like(scores)
@@ -114,11 +132,15 @@ def _(scores: Tensor, mask: Tensor | None, lam: float, impl: str) -> Tensor:
 
 def _setup_context(ctx, inputs, output) -> None:
     ctx.save_for_backward(output)
-    ctx.lam = inputs[2]
+    ctx.lam, ctx.impl = inputs[2], inputs[3]
 
 
 def _backward(ctx, grad_p: Tensor):
     (p,) = ctx.saved_tensors
+    if ctx.impl == "bisect":  # on the CPU, one native pass per row where it applies (as the forward)
+        grad_scores = sparsegen_native.backward(p, grad_p, ctx.lam)
+        if grad_scores is not None:
+            return grad_scores, None, None, None
     p = _at_least_fp32(p)
     support = (p > 0).to(p.dtype)
     g = _at_least_fp32(grad_p) * support

@@ -13,15 +13,12 @@ library is fast on AVX2 machines and still runs on any other (a cache directory 
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import bertzoo.third_party
+from bertzoo import native
 
 log = logging.getLogger("bertzoo.export")
 
@@ -33,12 +30,6 @@ LIBRARY_NAME = "libbertzoo_ort_ops.so"
 _reason: str | None = None
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("BERTZOO_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME")
-                                                           or os.path.expanduser("~/.cache"), "bertzoo")
-    return Path(root) / "ort_kernel"
-
-
 def _runtime_too_old() -> str | None:
     import onnxruntime as ort
 
@@ -46,29 +37,6 @@ def _runtime_too_old() -> str | None:
     if (major, minor) < (1, HEADER_API_VERSION):
         return f"onnxruntime {ort.__version__} is older than the kernel's C API (1.{HEADER_API_VERSION})"
     return None
-
-
-def _compiler() -> str | None:
-    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-
-
-def build(out_dir: Path, compiler: str) -> Path:
-    """Compile the kernel into ``out_dir`` (atomically: a temporary file renamed into place). Raises on failure."""
-    include = os.environ.get("BERTZOO_ORT_INCLUDE") or str(HEADERS)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / LIBRARY_NAME
-    with tempfile.NamedTemporaryFile(dir=out_dir, suffix=".so.tmp", delete=False) as tmp:
-        partial = Path(tmp.name)
-    try:
-        command = [compiler, "-O3", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", "-I", include,
-                   str(SOURCE), "-o", str(partial)]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=300)
-        if result.returncode != 0:
-            raise RuntimeError(f"compiling {SOURCE.name} failed ({' '.join(command)}):\n{result.stderr[-3000:]}")
-        os.replace(partial, target)
-    finally:
-        partial.unlink(missing_ok=True)
-    return target
 
 
 @functools.cache
@@ -81,18 +49,15 @@ def library() -> Path | None:
         _reason = "disabled by BERTZOO_ORT_KERNEL=0"
     elif (problem := _runtime_too_old()) is not None:
         _reason = problem
-    elif (compiler := _compiler()) is None:
-        _reason = "no C++ compiler found (install g++, or set CXX)"
     else:
         import onnxruntime as ort
 
-        version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-        key = hashlib.sha256(SOURCE.read_bytes() + version.encode() + ort.__version__.encode()).hexdigest()[:16]
-        candidate = _cache_dir() / key / LIBRARY_NAME
+        include = os.environ.get("BERTZOO_ORT_INCLUDE") or str(HEADERS)
         try:
-            path = candidate if candidate.exists() else build(candidate.parent, compiler)
-        except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
-            _reason = f"the kernel did not build: {e}"
+            path = native.cached_library(SOURCE, LIBRARY_NAME, "ort_kernel", ["-I", include],
+                                         key_extra=ort.__version__.encode())
+        except native.BuildError as e:
+            _reason = f"the kernel did not build: {e}" if native.compiler() else str(e)
     if path is None:
         log.warning("SparsegenLin: native ONNX Runtime kernel not used (%s); running the ONNX formulation", _reason)
     return path
