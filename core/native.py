@@ -11,6 +11,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+# Headers the kernels share (sparsegen-lin's threshold): on every build's include path, and part of its cache key.
+INCLUDE = Path(__file__).with_name("native_include")
+
 
 class BuildError(RuntimeError):
     """The compiler is missing or failed; the message says which and how."""
@@ -32,8 +35,8 @@ def compile_library(source: Path, out: Path, flags: list[str], cxx: str) -> Path
     with tempfile.NamedTemporaryFile(dir=out.parent, suffix=".so.tmp", delete=False) as tmp:
         partial = Path(tmp.name)
     try:
-        command = [cxx, "-O3", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", *flags, str(source), "-o",
-                   str(partial)]
+        command = [cxx, "-O3", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", "-I", str(INCLUDE), *flags,
+                   str(source), "-o", str(partial)]
         try:
             result = subprocess.run(command, capture_output=True, text=True, timeout=300)
         except (OSError, subprocess.TimeoutExpired) as e:
@@ -56,6 +59,8 @@ def cached_library(source: Path, name: str, kind: str, flags: list[str] = (), ke
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.TimeoutExpired) as e:
         raise BuildError(f"{cxx} --version failed: {e}") from e
-    key = hashlib.sha256(source.read_bytes() + version.encode() + " ".join(flags).encode() + key_extra).hexdigest()
+    headers = b"".join(h.read_bytes() for h in sorted(INCLUDE.glob("*.h")))
+    key = hashlib.sha256(source.read_bytes() + headers + version.encode() + " ".join(flags).encode()
+                         + key_extra).hexdigest()
     candidate = cache_dir(kind) / key[:16] / name
     return candidate if candidate.exists() else compile_library(source, candidate, list(flags), cxx)

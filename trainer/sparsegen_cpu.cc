@@ -19,27 +19,9 @@
 #include <thread>
 #include <vector>
 
-namespace {
+#include "sparsegen_threshold.h"
 
-__attribute__((target_clones("avx2", "default")))
-float threshold(const float* z, int64_t n) {
-  float tau = -1.0f;
-  int64_t previous = n + 1;
-  for (int64_t step = 0; step <= n; ++step) {  // the support shrinks every step but the last: n + 1 bounds it
-    float sum = 0.0f;
-    int64_t count = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const bool above = z[i] > tau;
-      sum += above ? z[i] : 0.0f;
-      count += above;
-    }
-    if (count == 0) break;
-    tau = (sum - 1.0f) / static_cast<float>(count);
-    if (count == previous) break;
-    previous = count;
-  }
-  return tau;
-}
+namespace {
 
 template <typename Body>
 void parallel_rows(int64_t rows, int threads, Body body) {
@@ -77,7 +59,7 @@ void bertzoo_sparsegen_forward(const float* scores, const uint8_t* mask, float* 
         continue;
       }
       for (int64_t i = 0; i < keys; ++i) z[i] -= row_max;
-      const float tau = threshold(z.data(), keys);
+      const float tau = bertzoo::sparsegen_threshold(z.data(), keys);
       for (int64_t i = 0; i < keys; ++i) o[i] = std::max(z[i] - tau, 0.0f);
     }
   });

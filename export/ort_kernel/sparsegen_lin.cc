@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "onnxruntime_c_api.h"
+#include "sparsegen_threshold.h"
 
 namespace {
 
@@ -29,28 +30,6 @@ constexpr int kMaxRank = 8;
 struct Kernel {
   float scale;  // 1 / (1 - lambda)
 };
-
-// Michelot's threshold for one row of `n` values, `z` already scaled and shifted so its max is 0.
-// GCC builds an AVX2 and a baseline copy and picks one at load time: fast where AVX2 exists, runs everywhere.
-__attribute__((target_clones("avx2", "default")))
-float threshold(const float* z, int64_t n) {
-  float tau = -1.0f;
-  int64_t previous = n + 1;
-  for (int64_t step = 0; step <= n; ++step) {  // the support shrinks every step but the last: n + 1 bounds it
-    float sum = 0.0f;
-    int64_t count = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const bool above = z[i] > tau;
-      sum += above ? z[i] : 0.0f;
-      count += above;
-    }
-    if (count == 0) break;  // only for an all-masked row (every z is -inf)
-    tau = (sum - 1.0f) / static_cast<float>(count);
-    if (count == previous) break;
-    previous = count;
-  }
-  return tau;
-}
 
 struct Job {
   const float* scores;
@@ -89,7 +68,7 @@ void run_rows(void* data, size_t part) {
       continue;
     }
     for (int64_t i = 0; i < job.keys; ++i) z[i] -= row_max;  // -inf stays -inf
-    const float tau = threshold(z.data(), job.keys);
+    const float tau = bertzoo::sparsegen_threshold(z.data(), job.keys);
     for (int64_t i = 0; i < job.keys; ++i) out[i] = std::max(z[i] - tau, 0.0f);
   }
 }
