@@ -22,13 +22,12 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 from ceiling import encoder_flops, gemm_peak_gflops, timed
+from processes import start_bertzoo, stop
 from timing import machine
 
 from bertzoo.artifact import load_manifest
@@ -75,20 +74,13 @@ def make(engine: str, precision: str, artifact: str, threads: int):
 def serve_rate(artifact: str, engine: str, precision: str, threads: int, sentences: list[str], seconds: float,
                port: int) -> dict:
     flags = ["--backend", engine, *(["--precision", precision] if engine == "openvino" else ["--variant", precision])]
-    server = subprocess.Popen([sys.executable, "-m", "bertzoo", "serve", artifact, *flags, "--threads", str(threads),
-                               "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = start_bertzoo(artifact, port, *flags, "--threads", str(threads))
     try:
-        from bertzoo.serving.client import BertzooClient
-
-        with BertzooClient(f"127.0.0.1:{port}") as client:
-            client.wait_ready(timeout=300)
         asyncio.run(run_load(f"127.0.0.1:{port}", "sentiment", sentences, concurrency=64, duration=3))
         return asyncio.run(run_load(f"127.0.0.1:{port}", "sentiment", sentences, concurrency=64,
                                     duration=seconds)).summary()
     finally:
-        server.terminate()
-        server.wait(60)
+        stop(server)
 
 
 def main() -> None:

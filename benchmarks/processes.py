@@ -37,24 +37,27 @@ def start(command: list[str], ready: Callable[[], bool], timeout: float = 300.0,
     raise TimeoutError(f"{' '.join(command[:4])} did not answer within {timeout:.0f} s")
 
 
-def start_bertzoo(artifact: str, port: int, *flags: str, metrics_port: int | None = None) -> subprocess.Popen:
-    """``bertzoo serve ARTIFACT`` on loopback ``port`` (metrics on ``metrics_port``, default a free port), ready once
-    Sentiment answers."""
+def answers_sentiment(port: int) -> bool:
+    """Whether a server on loopback ``port`` answers a Sentiment request (bertzoo's, or the plain one of
+    serve_speed.py): a server that does is ready."""
     import grpc
 
     from bertzoo.serving.client import BertzooClient
 
-    def ready() -> bool:
-        with BertzooClient(f"127.0.0.1:{port}") as client:
-            try:
-                client.sentiment(["ready?"], timeout=2)
-                return True
-            except grpc.RpcError:
-                return False
+    with BertzooClient(f"127.0.0.1:{port}") as client:
+        try:
+            client.sentiment(["ready?"], timeout=2)
+            return True
+        except grpc.RpcError:
+            return False
 
+
+def start_bertzoo(artifact: str, port: int, *flags: str, metrics_port: int | None = None) -> subprocess.Popen:
+    """``bertzoo serve ARTIFACT`` on loopback ``port`` (metrics on ``metrics_port``, default a free port), ready once
+    Sentiment answers."""
     command = [sys.executable, "-m", "bertzoo", "serve", artifact, "--host", "127.0.0.1", "--port", str(port),
                "--metrics-port", str(metrics_port or free_port()), *flags]
-    return start(command, ready)
+    return start(command, lambda: answers_sentiment(port))
 
 
 def stop(process: subprocess.Popen) -> None:

@@ -41,7 +41,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 from ceiling import encoder_flops, gemm_peak_gflops
-from processes import cpu_seconds, free_port, memory_mb, start, start_bertzoo, stop
+from processes import answers_sentiment, cpu_seconds, free_port, memory_mb, start, start_bertzoo, stop
 from timing import machine
 
 from bertzoo.data import SentenceExample
@@ -352,7 +352,7 @@ def main() -> None:
             "bertzoo Embed int8 / infinity's best (any precision)": best_served("int8") / best_any}
     port = free_port()
     plain = start([sys.executable, __file__, args.artifact, args.checkpoint, "--data", args.data, "--plain-server",
-                   "--port", str(port)], lambda: _answers(port))
+                   "--port", str(port)], lambda: answers_sentiment(port))
     try:
         s = measured_load(plain.pid, lambda: closed_loop(port, "sentiment", sentences, args.concurrency,
                                                          args.duration))
@@ -367,15 +367,6 @@ def main() -> None:
     report(results)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
-
-
-def _answers(port: int) -> bool:
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    try:
-        pb2_grpc.BertzooStub(channel).Sentiment(pb2.SentimentRequest(texts=["ready?"]), timeout=2)
-        return True
-    finally:
-        channel.close()
 
 
 if __name__ == "__main__":

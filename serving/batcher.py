@@ -125,8 +125,7 @@ class Batcher:
         self._run = run
         self._more_instances = list(more_instances)
         self._free: asyncio.Queue[Instance] | None = None  # instances not running a batch
-        # One batch per instance running, and one cut and padded, waiting for the first instance to free.
-        self._max_in_flight = 2 + len(self._more_instances)
+        self._instance_count = 1 + len(self._more_instances)
         self.lane = lane
         self._queue_depth = metrics.queue_depth.labels(lane)
         self._queue_sequences = metrics.queue_sequences.labels(lane)
@@ -268,10 +267,11 @@ class Batcher:
     def _dispatch_ready(self) -> float | None:
         """Hand the worker every batch it should get now; returns how long to sleep (None: until woken)."""
         loop = asyncio.get_running_loop()
-        while self._waiting_rows and self._in_flight < self._max_in_flight:
+        # One batch per instance running, and one more cut and padded, waiting for the first instance to free.
+        while self._waiting_rows and self._in_flight <= self._instance_count:
             oldest = self._oldest()
             full = self._is_full(oldest.bucket)
-            if self._in_flight >= self._max_in_flight - 1 and not full:
+            if self._in_flight >= self._instance_count and not full:
                 return None  # every instance is busy: wait for one, collecting more items meanwhile
             delay = self._settings.max_queue_delay_ms / 1000.0
             if not self._in_flight and not full and delay > 0 and not self._closing:
