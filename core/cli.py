@@ -123,9 +123,13 @@ def main(verbose: bool) -> None:
               help="SQuAD 2.0 articles held out of training to fit the no-answer threshold [default: 1; 0: off].")
 @click.option("--epochs", type=float, default=None)
 @click.option("--max-steps", type=int, default=None, help="Stop after this many steps (overrides --epochs).")
+@click.option("--sst-phrases", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="An SST tree file (sst-trees/train.txt) whose labelled phrases join the sentiment training data.")
 @click.option("--limit-per-task", type=int, default=None, help="Use only the first N training examples per task.")
 @click.option("--eval-limit-per-task", type=int, default=None, help="Evaluate on the first N dev examples per task.")
 @click.option("--batch-size", type=int, default=None)
+@click.option("--batch-tokens", type=int, default=None,
+              help="Length-grouped batches of up to this many padded tokens (never below --batch-size items).")
 @click.option("--lr", type=float, default=None)
 @click.option("--head-lr", type=float, default=None)
 @click.option("--weight-decay", type=float, default=None)

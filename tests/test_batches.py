@@ -10,7 +10,7 @@ from bertzoo.backbone import resolve_backbone
 from bertzoo.datafiles import load_split
 from bertzoo.tasks import Limits
 from bertzoo.tokenization import Tokenizer
-from bertzoo.trainer.batches import Feature, TaskStream, build_features, collate, steps_per_epoch, task_for_step
+from bertzoo.trainer.batches import Feature, TaskStream, build_features, collate, task_for_step
 
 
 @pytest.fixture(scope="module")
@@ -59,11 +59,6 @@ def test_ranks_split_the_global_batch():
         assert sorted(parts) == whole and len(set(parts)) == 8
 
 
-def test_steps_per_epoch():
-    assert steps_per_epoch([10, 5], batch_size=4) == 3 + 2
-    assert steps_per_epoch([10, 5], batch_size=2, world_size=2) == 5
-
-
 def test_collate_pairs_and_qa(tokenizer, samples):
     limits = Limits(max_seq_length=32, qa_max_length=96, qa_doc_stride=32)
     pairs = build_features("similarity", load_split(samples, "similarity", "train")[:5], tokenizer, limits)
@@ -79,3 +74,48 @@ def test_collate_pairs_and_qa(tokenizer, samples):
     assert ((starts <= ends) & (starts >= 0)).all()
     answerable = [e for e in qa_examples if not e.is_impossible]
     assert answerable and (starts > 0).any(), "answerable questions must point inside some window"
+
+
+def sized(widths: list[int]) -> list[Feature]:
+    from bertzoo.tokenization import Encoding
+
+    return [Feature((Encoding([1] * w, [0] * w),), (float(i),)) for i, w in enumerate(widths)]
+
+
+def test_fixed_batches_per_pass():
+    assert TaskStream("sentiment", features(10), batch_size=4, seed=0).batches_per_pass == 3
+    assert TaskStream("sentiment", features(10), batch_size=2, seed=0, world_size=2).batches_per_pass == 3
+
+
+def test_length_grouped_batches_fill_the_token_budget_cover_each_item_once_and_resume():
+    widths = [3 + (i * 7919) % 60 for i in range(500)]
+    stream = TaskStream("sentiment", sized(widths), batch_size=4, seed=3, batch_tokens=200)
+    n = stream.batches_per_pass
+    batches = [stream.next_indices() for _ in range(n)]
+    assert sorted(i for b in batches for i in b) == list(range(500)), "one pass = every item once"
+    for b in batches:
+        tokens = len(b) * max(widths[i] for i in b)
+        assert tokens <= 200 or len(b) == 4, (len(b), tokens)
+    runs = -(-500 // (TaskStream.GROUP_BATCHES * 4))
+    assert sum(len(b) < 4 for b in batches) <= runs, "only a run's last batch may hold fewer than batch_size"
+    assert max(len(b) for b in batches) >= 20, "short items travel many to a batch"
+    assert stream.sampling_size == n * 4
+    state = stream.state_dict()
+    ahead = [stream.next_indices().tolist() for _ in range(n + 3)]  # across a pass boundary
+    again = TaskStream("sentiment", sized(widths), batch_size=4, seed=3, batch_tokens=200)
+    again.load_state_dict(state)
+    assert [again.next_indices().tolist() for _ in range(n + 3)] == ahead
+    assert stream.passes >= 1 and ahead[:n] != [b.tolist() for b in batches], "each pass is reshuffled"
+
+
+def test_length_grouped_pairs_count_both_sentences_and_ranks_split_evenly():
+    widths = [10] * 64
+    pairs = [Feature((f.encodings[0], f.encodings[0]), f.target) for f in sized(widths)]
+    alone = TaskStream("similarity", pairs, batch_size=2, seed=0, batch_tokens=100)
+    assert len(alone.next_indices()) == 5  # 5 pairs x 2 sentences x 10 tokens
+    ranks = [TaskStream("similarity", pairs, batch_size=2, seed=0, rank=r, world_size=2, batch_tokens=100)
+             for r in range(2)]
+    for _ in range(ranks[0].batches_per_pass):
+        parts = [r.next_indices() for r in ranks]
+        assert len(parts[0]) >= 1 and abs(len(parts[0]) - len(parts[1])) <= 1
+        assert not set(parts[0]) & set(parts[1])

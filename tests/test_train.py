@@ -71,6 +71,25 @@ def test_a_run_killed_during_a_mid_epoch_save_resumes_losing_at_most_save_every_
     assert steps == sorted(set(steps))  # no step logged twice across the kill and the resume
 
 
+def test_sst_phrases_in_length_grouped_batches_train_and_resume_exactly(tiny_train_config, samples, tmp_path,
+                                                                        monkeypatch, caplog):
+    options = dict(eval_every_epoch=False, tasks=("sentiment", "similarity"), save_every=4, batch_tokens=160,
+                   sst_phrases=str(samples / "sst-trees" / "train.txt"))
+    with caplog.at_level("INFO", logger="bertzoo.train"):
+        expected, _ = train_module.train(tiny_train_config(out_dir=str(tmp_path / "a"), **options))
+    assert "sentiment/train: 24 sentences + 24 phrases" in caplog.text
+    interrupted = tiny_train_config(out_dir=str(tmp_path / "b"), **options)
+    interrupt_training(monkeypatch, interrupted, at_loss_call=7)
+    resumed, _ = train_module.train(interrupted, resume=True)
+    for name, tensor in expected.state_dict().items():
+        assert torch.equal(tensor, resumed.state_dict()[name]), f"{name} differs after resume"
+
+
+def test_sst_phrases_need_sst5(tiny_train_config, samples):
+    with pytest.raises(ValueError, match="sst_phrases .*sst5, not 'sst2'"):
+        tiny_train_config(sentiment_dataset="sst2", sst_phrases=str(samples / "sst-trees" / "train.txt"))
+
+
 def test_cli_train_eval_predict_all_tasks(tmp_path):
     runner = CliRunner()
     out = tmp_path / "cli-run"

@@ -21,6 +21,9 @@ class TrainConfig:
     out_dir: str = "runs/default"
     tasks: tuple[str, ...] = TASK_NAMES
     sentiment_dataset: str = "sst5"  # sst5 | cfimdb | sst2
+    # SST phrases: a PTB tree file (bertzoo/sst_trees.py) whose labelled phrases join the sentiment training sentences
+    # (SST-5 only; evaluation stays on sentences). About 150k phrases for SST train; pair with batch_tokens.
+    sst_phrases: str | None = None
     limit_per_task: int | None = None  # keep only the first N training examples of each task (quick runs)
     eval_limit_per_task: int | None = None  # evaluate on the first N dev examples of each task
     # backbone and model
@@ -56,6 +59,9 @@ class TrainConfig:
     epochs: float = 1.0  # over the largest task; the bundled samples take about a minute on 2 cores
     max_steps: int | None = None  # overrides epochs when set
     batch_size: int = 16  # per process; pair tasks carry 2x this many sentences
+    # Length-grouped batches grown to this many padded tokens per process, never below batch_size (None: fixed
+    # batches of random items). Less padding, and short items travel many to a step (trainer/batches.py).
+    batch_tokens: int | None = None
     lr: float = 5e-5
     head_lr: float = 1e-3  # freshly initialised heads learn faster than the pretrained encoder
     weight_decay: float = 0.01
@@ -104,6 +110,11 @@ class TrainConfig:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.batch_tokens is not None and self.batch_tokens < 1:
+            raise ValueError(f"batch_tokens must be >= 1, got {self.batch_tokens}")
+        if self.sst_phrases is not None and (self.sentiment_dataset != "sst5" or "sentiment" not in self.tasks):
+            raise ValueError(f"sst_phrases (--sst-phrases) has SST-5 labels: it needs the sentiment task with "
+                             f"sentiment_dataset sst5, not {self.sentiment_dataset!r}")
         if not 0.0 <= self.qa_unanswerable_fraction < 1.0:
             raise ValueError(f"qa_unanswerable_fraction must be in [0, 1), got {self.qa_unanswerable_fraction}")
         if self.qa_calibration_articles < 0:

@@ -28,12 +28,13 @@ from bertzoo.atomic import atomic_write_text
 from bertzoo.backbone import resolve_backbone
 from bertzoo.data import DataError
 from bertzoo.datafiles import find_files, load_split, samples_dir
+from bertzoo.sst_trees import read_sst_phrases
 from bertzoo.tasks import task_spec
 from bertzoo.tokenization import Tokenizer
 from bertzoo.unanswerable import synthesize_unanswerable
 
 from . import checkpoint as ckpt
-from .batches import TaskStream, build_features, collate, steps_per_epoch, task_for_step
+from .batches import TaskStream, build_features, collate, task_for_step
 from .calibration import calibrate_null_threshold, hold_out_articles
 from .config import TrainConfig
 from .evaluate import evaluate
@@ -126,6 +127,15 @@ def load_training_data(config: TrainConfig) -> tuple[dict[str, list], list]:
     held-out paragraph either.
     """
     splits = load_splits(config, "train", config.limit_per_task)
+    if config.sst_phrases:
+        skipped: list[str] = []
+        phrases = read_sst_phrases(config.sst_phrases, skipped, exclude={e.text for e in splits["sentiment"]})
+        phrases = phrases[:config.limit_per_task]
+        if skipped:
+            log.warning("%s: skipped %d malformed trees (first: %s)", config.sst_phrases, len(skipped), skipped[0])
+        log.info("sentiment/train: %d sentences + %d phrases of %s", len(splits["sentiment"]), len(phrases),
+                 config.sst_phrases)
+        splits["sentiment"] = splits["sentiment"] + phrases
     calibration: list = []
     if "qa" in splits:
         splits["qa"], calibration = hold_out_articles(splits["qa"], config.qa_calibration_articles)
@@ -217,16 +227,16 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
     dev_splits = load_splits(config, "dev", config.eval_limit_per_task) if config.eval_every_epoch else {}
     streams = {
         task: TaskStream(task, build_features(task, examples, tokenizer, limits), config.batch_size, config.seed,
-                         env.rank, env.world_size)
+                         env.rank, env.world_size, config.batch_tokens)
         for task, examples in train_splits.items()
     }
     tasks = list(streams)
-    sizes = [len(streams[t].features) for t in tasks]
-    epoch_steps = steps_per_epoch(sizes, config.batch_size, env.world_size)
+    sizes = [streams[t].sampling_size for t in tasks]
+    epoch_steps = sum(streams[t].batches_per_pass for t in tasks)
     total_steps = config.max_steps or max(1, round(config.epochs * epoch_steps))
     if env.is_main:
         log.info("training items per task: %s; %d steps per epoch; %d steps in all",
-                 dict(zip(tasks, sizes, strict=True)), epoch_steps, total_steps)
+                 {t: len(s.features) for t, s in streams.items()}, epoch_steps, total_steps)
     prioritizer, dtp_splits = None, {}
     if config.sampling == "dynamic":  # paper 004's dynamic task prioritization (trainer/prioritization.py)
         prioritizer = TaskPrioritizer(tasks, config.dtp_smoothing_start, config.dtp_smoothing_end)

@@ -113,6 +113,22 @@ def squad_sample(src: Path, dst: Path, target: int, cap: int, min_impossible: in
     return total, impossible
 
 
+def trees_sample(src: Path, sentences: Path, dst: Path) -> int:
+    """The tree lines of ``src`` (SST PTB trees) whose sentence is one of the sample's ``sentences`` file, byte for
+    byte and in order, behind the source's byte-order mark."""
+    from bertzoo.data import read_cs224n_sentiment
+    from bertzoo.sst_trees import parse_tree
+
+    wanted = {e.text for e in read_cs224n_sentiment(sentences)}
+    raw = src.read_bytes()
+    bom = b"\xef\xbb\xbf" if raw.startswith(b"\xef\xbb\xbf") else b""
+    lines = raw[len(bom):].splitlines(keepends=True)
+    kept = [line for line in lines if parse_tree(line.decode("utf-8"))[-1][0] in wanted]
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_bytes(bom + b"".join(kept))
+    return len(kept)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shared", type=Path, default=Path("/work/shared/data"), help="the shared data folder")
@@ -136,6 +152,8 @@ def main() -> None:
     if len(bad) != 2:  # the README documents exactly 2; anything else means a different quora-dev.csv
         raise SystemExit(f"expected the 2 known malformed quora-dev rows, found {len(bad)}")
     counts["quora-dev.csv"] = csv_sample(s / "quora-dev.csv", o / "quora-dev.csv", 60, must=bad)
+    counts["sst-trees/train.txt"] = trees_sample(s / "sst-trees/train.txt", o / "ids-sst-train.csv",
+                                                 o / "sst-trees/train.txt")
 
     squad = {
         "squad/train-v2.0.json": squad_sample(
