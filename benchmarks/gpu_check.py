@@ -356,7 +356,7 @@ def main() -> None:
     triton_kernel()
 
     from bertzoo.export.exporter import ExportOptions, export_checkpoint
-    from bertzoo.trainer.train import load_splits
+    from bertzoo.trainer.training_data import load_splits
 
     model, tokenizer, config, directory = load_run(args.run)
     config.data_dir = args.data

@@ -233,7 +233,7 @@ def eval_command(checkpoint: str, data_dir: str | None, split: str, tasks: str |
                  json_out: str | None, qa_null_threshold: float | None) -> None:
     """Print each task's official metric for CHECKPOINT (a checkpoint or run directory) on a split."""
     from bertzoo.trainer.evaluate import evaluate, format_metrics
-    from bertzoo.trainer.train import load_splits
+    from bertzoo.trainer.training_data import load_splits
 
     model, tokenizer, config, directory = _load(checkpoint)
     config.data_dir = data_dir

@@ -64,7 +64,7 @@ def _versions() -> dict[str, str]:
 
 
 def _parity_splits(train_config: TrainConfig, options: ExportOptions) -> dict[str, list]:
-    from bertzoo.trainer.train import load_splits
+    from bertzoo.trainer.training_data import load_splits
 
     config = dataclasses.replace(train_config, data_dir=options.data_dir)
     return load_splits(config, "dev", options.parity_limit)

@@ -12,6 +12,7 @@ from bertzoo.qa import best_null_threshold
 from bertzoo.trainer import train as train_module
 from bertzoo.trainer.calibration import hold_out_articles
 from bertzoo.trainer.checkpoint import load_model, resolve_checkpoint
+from bertzoo.trainer.training_data import load_training_data
 
 # a and c answerable (and answered right), b and d unanswerable; margins in that order.
 EXAMPLES = [NS(id="a", answers=("x",), is_impossible=False), NS(id="b", answers=(), is_impossible=True),
@@ -53,7 +54,7 @@ def test_hold_out_takes_the_articles_with_most_unanswerable_questions_but_never_
 def test_training_fits_the_threshold_on_held_out_articles_and_the_checkpoint_keeps_it(tiny_train_config):
     # The bundled SQuAD 2.0 sample has unanswerable questions in two articles; Spectre has the most.
     config = tiny_train_config(tasks=("qa",), limit_per_task=None, max_steps=4, qa_calibration_share=None)
-    splits, held = train_module.load_training_data(config)
+    splits, held = load_training_data(config)
     assert held and {e.title for e in held} == {"Spectre_(2015_film)"}
     held_contexts = {e.context for e in held}
     assert not any(e.title == "Spectre_(2015_film)" or e.context in held_contexts for e in splits["qa"]), \

@@ -24,7 +24,7 @@ class TrainConfig:
     # SST phrases: a PTB tree file (bertzoo/sst_trees.py) whose labelled phrases join the sentiment training sentences
     # (SST-5 only; evaluation stays on sentences). About 150k phrases for SST train; pair with batch_tokens.
     sst_phrases: str | None = None
-    limit_per_task: int | None = None  # keep only the first N training examples of each task (quick runs)
+    limit_per_task: int | None = None  # keep only the first N training examples of each task (and N phrases)
     eval_limit_per_task: int | None = None  # evaluate on the first N dev examples of each task
     # backbone and model
     backbone: str = "default"  # "default" (all-MiniLM-L6-v2, sha256-verified) or a HuggingFace BERT directory

@@ -12,7 +12,6 @@ import logging
 import os
 import random
 import time
-from collections import Counter
 from contextlib import nullcontext
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -26,16 +25,12 @@ from tqdm import tqdm
 
 from bertzoo.atomic import atomic_write_text
 from bertzoo.backbone import resolve_backbone
-from bertzoo.data import DataError
-from bertzoo.datafiles import find_files, load_split, samples_dir
-from bertzoo.sst_trees import read_sst_phrases
 from bertzoo.tasks import task_spec
 from bertzoo.tokenization import Tokenizer
-from bertzoo.unanswerable import synthesize_unanswerable
 
 from . import checkpoint as ckpt
 from .batches import TaskStream, build_features, collate, task_for_step
-from .calibration import calibrate_null_threshold, hold_out_articles
+from .calibration import calibrate_null_threshold
 from .config import TrainConfig
 from .evaluate import evaluate
 from .heads import ModelConfig, MultitaskModel
@@ -44,6 +39,7 @@ from .objectives import build_objectives
 from .plots import training_curves
 from .prioritization import TaskPrioritizer, broadcast, primary_scores, reprioritize
 from .sparsity import attention_zero_fraction
+from .training_data import check_data_files, load_splits, load_training_data
 
 log = logging.getLogger("bertzoo.train")
 
@@ -90,74 +86,6 @@ def build_model(config: TrainConfig) -> tuple[MultitaskModel, Tokenizer]:
     if backbone.weights_path is not None:
         model.encoder.load_pretrained(backbone.weights_path)
     return model, backbone.tokenizer()
-
-
-def check_data_files(config: TrainConfig) -> None:
-    """Fail before anything is written when a task's files are missing; the message says how to leave the task out."""
-    data_dir = Path(config.data_dir) if config.data_dir else samples_dir()
-    splits = ("train", "dev") if config.eval_every_epoch or config.sampling == "dynamic" else ("train",)
-    for task in config.tasks:
-        for split in splits:
-            try:
-                find_files(data_dir, task, split, config.sentiment_dataset)
-            except DataError as e:
-                others = [t for t in config.tasks if t != task]
-                if not data_dir.is_dir() or not others:
-                    raise
-                raise DataError(f"{e}; to train without {task}, pass --tasks {','.join(others)}") from None
-
-
-def load_splits(config: TrainConfig, split: str, limit: int | None) -> dict[str, list]:
-    """Each task's examples of a split."""
-    data_dir = Path(config.data_dir) if config.data_dir else samples_dir()
-    splits = {}
-    for task in config.tasks:
-        skipped: list[str] = []
-        examples = load_split(data_dir, task, split, config.sentiment_dataset, skipped=skipped)
-        if skipped:
-            log.warning("%s/%s: skipped %d malformed rows (first: %s)", task, split, len(skipped), skipped[0])
-        splits[task] = examples[:limit] if limit else examples
-    return splits
-
-
-def load_training_data(config: TrainConfig) -> tuple[dict[str, list], list]:
-    """The training splits, and the QA questions held out of them to calibrate the no-answer threshold.
-
-    The held-out articles are taken out before the synthetic negatives are made, so none of those is built from a
-    held-out paragraph either.
-    """
-    splits = load_splits(config, "train", config.limit_per_task)
-    if config.sst_phrases:
-        skipped: list[str] = []
-        phrases = read_sst_phrases(config.sst_phrases, skipped, exclude={e.text for e in splits["sentiment"]})
-        phrases = phrases[:config.limit_per_task]
-        if skipped:
-            log.warning("%s: skipped %d malformed trees (first: %s)", config.sst_phrases, len(skipped), skipped[0])
-        log.info("sentiment/train: %d sentences + %d phrases of %s", len(splits["sentiment"]), len(phrases),
-                 config.sst_phrases)
-        splits["sentiment"] = splits["sentiment"] + phrases
-    calibration: list = []
-    if "qa" in splits:
-        splits["qa"], calibration = hold_out_articles(splits["qa"], config.qa_calibration_articles)
-        if calibration:
-            log.info("qa/train: %d questions of %s held out to fit the no-answer threshold (%d unanswerable)",
-                     len(calibration), sorted({e.title for e in calibration}),
-                     sum(e.is_impossible for e in calibration))
-        splits["qa"] = splits["qa"] + _unanswerable_top_up(splits["qa"], config)
-    return splits, calibration
-
-
-def _unanswerable_top_up(examples: list, config: TrainConfig) -> list:
-    # Only for SQuAD 2.0-style data: a v1.1 model is never asked to abstain.
-    if not config.qa_unanswerable_fraction or not any(e.is_impossible for e in examples):
-        return []
-    made = synthesize_unanswerable(examples, config.qa_unanswerable_fraction, config.seed)
-    share = (sum(e.is_impossible for e in examples) + len(made)) / max(1, len(examples) + len(made))
-    kinds = Counter(e.id.rsplit("-", 1)[-1] for e in made)
-    log.info("qa/train: added %d synthetic unanswerable questions (%d question rewritten, %d answer-sentence-removed, "
-             "%d other-paragraph); unanswerable share now %.1f%%", len(made), kinds["question"], kinds["removed"],
-             kinds["other"], 100 * share)
-    return made
 
 
 def negative_pearson(pred: torch.Tensor, target: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:

@@ -1,0 +1,172 @@
+"""Each seed paper's own claim, tested in its own setting against the baseline trained the same way, over seeds.
+
+    python benchmarks/zoo_claims.py --data ../shared/data --out /tmp/claims --claims ssaf_sst5 --seeds 0,1,2
+    python benchmarks/zoo_claims.py --data ../shared/data --out /tmp/claims --report      # the table only
+
+A claim is a setting (tasks, budget) and arms (the baseline and the paper's system, as ``bertzoo train`` options).
+Every (claim, arm, seed) trains in its own child process into ``OUT/<claim>/<arm>/seed<k>``; a finished run (its
+training log holds the final dev evaluation) is never trained again, and a run that was killed continues with
+``--resume``, so one command can be spread over several sessions. The report gives, per arm, the mean dev score with a
+95% t-interval over seeds, and the difference to the baseline with the interval of that difference (Welch), which is
+what says "confirmed" (interval above 0), "refuted" (interval below 0) or "unresolved" (it straddles 0).
+
+Not here yet: attention guidance's downstream claim (paper 003), which needs MLM pre-training from scratch with and
+without AG (``bertzoo pretrain``) before fine-tuning both on SST-2 and STS-B.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bertzoo.atomic import atomic_write_text
+
+
+@dataclass(frozen=True)
+class Claim:
+    paper: str
+    statement: str
+    options: tuple[str, ...]  # bertzoo train options shared by every arm
+    arms: dict[str, tuple[str, ...]]  # arm -> its own options; "baseline" first
+    metrics: tuple[tuple[str, str], ...]  # the (task, dev metric) pairs the claim is about
+
+
+_SST5 = ("--tasks", "sentiment", "--epochs", "3")
+_PAIRS = ("--tasks", "paraphrase,similarity", "--epochs", "2")
+# The CS224N multitask setting of papers 000 and 004: three sentence tasks, no QA.
+_MULTI = ("--tasks", "sentiment,paraphrase,similarity", "--epochs", "2")
+_MULTI_METRICS = (("sentiment", "accuracy"), ("paraphrase", "accuracy"), ("similarity", "pearson"))
+CLAIMS: dict[str, Claim] = {
+    "ssaf_sst5": Claim(
+        "002", "sparsegen-lin attention beats softmax on SST-5 (the paper: SST-1), lambda swept", _SST5,
+        {"baseline": (), **{f"ssaf_lambda{lam}": ("--encoder", "attention=sparsegen_lin", "--encoder",
+                                                  f"sparsegen_lambda={lam}") for lam in (-7, -5, -3, 0)}},
+        (("sentiment", "accuracy"),)),
+    "task_attention": Claim(
+        "001", "cross-attention layers beat mean pooling + [u; v; |u - v|] for paraphrase and similarity", _PAIRS,
+        {"baseline": ("--set", "similarity_head=concat"), "task_attention": ("--preset", "task_attention")},
+        (("paraphrase", "accuracy"), ("similarity", "pearson"))),
+    "ssa_sst5": Claim(
+        "000", "self-supervised attention helps single-task sentiment (whole training set probed)", _SST5,
+        {"baseline": (), "ssa": ("--preset", "ssa", "--set", "ssa_probe_limit=null")},
+        (("sentiment", "accuracy"),)),
+    "ssa_multitask": Claim(
+        "000", "the same head in multitask training (the paper's contrast)", _MULTI,
+        {"baseline": (), "ssa": ("--preset", "ssa", "--set", "ssa_probe_limit=null")}, _MULTI_METRICS),
+    "cross_pool_dtp": Claim(
+        "004", "cross-attention + attention pooling + dynamic task prioritization beat the baseline's multitask run",
+        _MULTI, {"baseline": (), "cross_pool_dtp": ("--preset", "cross_pool_dtp")}, _MULTI_METRICS),
+}
+# t quantiles (0.975) by degrees of freedom, for the 95% intervals of a handful of seeds.
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def t975(df: float) -> float:
+    if df >= 30:
+        return 1.96
+    lower = max(1, math.floor(df))
+    return T975.get(lower, 2.2)  # rounding df down keeps the interval on the wide (honest) side
+
+
+def final_dev(run: Path) -> dict | None:
+    """The dev metrics of a finished run (its DONE file, written once ``bertzoo train`` exited cleanly), else None."""
+    done = run / "DONE"
+    return json.loads(done.read_text()) if done.is_file() else None
+
+
+def train(bertzoo: str, claim: Claim, arm: str, seed: int, run: Path, data: str) -> None:
+    resume = ["--resume"] if (run / "LATEST").exists() else []
+    cmd = [bertzoo, "train", "--data", data, "--out", str(run), "--seed", str(seed), "--no-progress",
+           *claim.options, *claim.arms[arm], *resume]
+    print("+", " ".join(cmd), flush=True)
+    run.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with open(run.parent / f"{run.name}.log", "a") as log:
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
+    records = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines() if line.strip()]
+    dev = [r["dev"] for r in records if "dev" in r][-1]  # the evaluation after the last step
+    atomic_write_text(run / "DONE", json.dumps(dev))
+    print(f"  {time.perf_counter() - started:.0f} s", flush=True)
+
+
+def mean_ci(values: list[float]) -> tuple[float, float, float]:
+    """Mean, sample variance, half-width of the 95% t-interval."""
+    n = len(values)
+    mean = sum(values) / n
+    var = sum((v - mean) ** 2 for v in values) / (n - 1) if n > 1 else float("nan")
+    return mean, var, t975(n - 1) * math.sqrt(var / n) if n > 1 else float("nan")
+
+
+def difference_ci(a: list[float], b: list[float]) -> tuple[float, float]:
+    """Mean of a - mean of b, and the half-width of its 95% Welch interval."""
+    (ma, va, _), (mb, vb, _) = mean_ci(a), mean_ci(b)
+    se2 = va / len(a) + vb / len(b)
+    if not se2 > 0:
+        return ma - mb, float("nan")
+    df = se2 ** 2 / ((va / len(a)) ** 2 / (len(a) - 1) + (vb / len(b)) ** 2 / (len(b) - 1))
+    return ma - mb, t975(df) * math.sqrt(se2)
+
+
+def report(out: Path, names: list[str]) -> list[str]:
+    lines = ["| claim (paper) | task, metric | arm | seeds | dev score, mean +- 95% | vs baseline, +- 95% | verdict |",
+             "|---|---|---|---|---|---|---|"]
+    for name in names:
+        claim = CLAIMS[name]
+        devs = {arm: [d for d in map(final_dev, sorted((out / name / arm).glob("seed*"))) if d is not None]
+                for arm in claim.arms}
+        for task, metric in claim.metrics:
+            scores = {arm: [d[task][metric] for d in runs] for arm, runs in devs.items()}
+            base = scores["baseline"]
+            for arm, values in scores.items():
+                where = f"| {name} ({claim.paper}) | {task} {metric} | {arm} | {len(values)} |"
+                if not values:
+                    lines.append(f"{where} - | - | not run |")
+                    continue
+                mean, _, half = mean_ci(values)
+                diff_text, verdict = "-", ""
+                if arm != "baseline" and len(values) > 1 and len(base) > 1:
+                    diff, dhalf = difference_ci(values, base)
+                    diff_text = f"{diff:+.4f} +- {dhalf:.4f}"
+                    verdict = "confirmed" if diff - dhalf > 0 else "refuted" if diff + dhalf < 0 else "unresolved"
+                lines.append(f"{where} {mean:.4f} +- {half:.4f} | {diff_text} | {verdict} |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--claims", default=",".join(CLAIMS), help=f"comma-separated, of {', '.join(CLAIMS)}")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--arms", default=None, help="only these arms (comma-separated); default all")
+    parser.add_argument("--report", action="store_true", help="print the table of the runs in --out, train nothing")
+    args = parser.parse_args()
+    names = [c for c in args.claims.split(",") if c]
+    unknown = [c for c in names if c not in CLAIMS]
+    if unknown:
+        sys.exit(f"--claims: unknown {unknown}; choose from {', '.join(CLAIMS)}")
+    out = Path(args.out)
+    if not args.report:
+        bertzoo = shutil.which("bertzoo") or str(Path(sys.executable).with_name("bertzoo"))
+        seeds = [int(s) for s in args.seeds.split(",")]
+        for name in names:
+            claim = CLAIMS[name]
+            for seed in seeds:  # seed-major: an interrupted sweep leaves every arm with as many seeds as possible
+                for arm in claim.arms:
+                    if args.arms and arm not in args.arms.split(","):
+                        continue
+                    run = out / name / arm / f"seed{seed}"
+                    if final_dev(run) is None:
+                        train(bertzoo, claim, arm, seed, run, args.data)
+    print("\n".join(report(out, names)))
+
+
+if __name__ == "__main__":
+    main()
