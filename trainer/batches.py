@@ -69,8 +69,8 @@ class TaskStream:
     ``batch_tokens`` (None: fixed batches of ``batch_size``) groups items of similar length: each pass's permutation
     is cut into runs of ``GROUP_BATCHES`` batches, each run sorted by length and cut into batches that hold as many
     items as fit in ``batch_tokens`` padded tokens per process (a pair counts both sentences), never fewer than
-    ``batch_size``; the batches of a pass are then shuffled. Less padding, and short items (SST phrases) travel in
-    large batches, so a step costs about the same whatever the task.
+    ``batch_size``; the batches of a pass are then shuffled. Less padding, and short items (SST phrases, Quora
+    questions) travel many to a batch. The budget is per process, so these batches depend on the number of processes.
     """
 
     GROUP_BATCHES = 50

@@ -21,7 +21,7 @@ class TrainConfig:
     out_dir: str = "runs/default"
     tasks: tuple[str, ...] = TASK_NAMES
     sentiment_dataset: str = "sst5"  # sst5 | cfimdb | sst2
-    # SST phrases: a PTB tree file (bertzoo/sst_trees.py) whose labelled phrases join the sentiment training sentences
+    # SST phrases: a PTB tree file (core/sst_trees.py) whose labelled phrases join the sentiment training sentences
     # (SST-5 only; evaluation stays on sentences). About 150k phrases for SST train; pair with batch_tokens.
     sst_phrases: str | None = None
     limit_per_task: int | None = None  # keep only the first N training examples of each task (and N phrases)
