@@ -4,11 +4,12 @@
     python benchmarks/zoo_claims.py --data ../shared/data --out /tmp/claims --report      # the table only
 
 A claim is a setting (tasks, budget) and arms (the baseline and the paper's system, as ``bertzoo train`` options).
-Every (claim, arm, seed) trains in its own child process into ``OUT/<claim>/<arm>/seed<k>``; a finished run (its
-training log holds the final dev evaluation) is never trained again, and a run that was killed continues with
-``--resume``, so one command can be spread over several sessions. The report gives, per arm, the mean dev score with a
-95% t-interval over seeds, and the difference to the baseline with the interval of that difference (Welch), which is
-what says "confirmed" (interval above 0), "refuted" (interval below 0) or "unresolved" (it straddles 0).
+Every (claim, arm, seed) trains in its own child process into ``OUT/<claim>/<arm>/seed<k>``. When it finishes, its
+final dev metrics go to ``RESULTS/<claim>/<arm>/seed<k>.json`` (``--results``, by default the committed
+``benchmarks/results/zoo_claims``): a run with a result is never trained again, a run that was killed continues with
+``--resume``, so one sweep can be spread over several sessions and machines. The report gives, per arm, the mean dev
+score with a 95% t-interval over seeds, and the difference to the baseline with the interval of that difference
+(Welch), which is what says "confirmed" (interval above 0), "refuted" (interval below 0) or "unresolved" (it straddles 0).
 
 Not here yet: attention guidance's downstream claim (paper 003), which needs MLM pre-training from scratch with and
 without AG (``bertzoo pretrain``) before fine-tuning both on SST-2 and STS-B.
@@ -38,7 +39,7 @@ class Claim:
     metrics: tuple[tuple[str, str], ...]  # the (task, dev metric) pairs the claim is about
 
 
-_SST5 = ("--tasks", "sentiment", "--epochs", "3")
+_SST5 = ("--tasks", "sentiment", "--epochs", "2")
 _PAIRS = ("--tasks", "paraphrase,similarity", "--epochs", "2")
 # The CS224N multitask setting of papers 000 and 004: three sentence tasks, no QA.
 _MULTI = ("--tasks", "sentiment,paraphrase,similarity", "--epochs", "2")
@@ -75,13 +76,12 @@ def t975(df: float) -> float:
     return T975.get(lower, 2.2)  # rounding df down keeps the interval on the wide (honest) side
 
 
-def final_dev(run: Path) -> dict | None:
-    """The dev metrics of a finished run (its DONE file, written once ``bertzoo train`` exited cleanly), else None."""
-    done = run / "DONE"
-    return json.loads(done.read_text()) if done.is_file() else None
+def final_dev(result: Path) -> dict | None:
+    """The dev metrics of a finished run (written once ``bertzoo train`` exited cleanly), else None."""
+    return json.loads(result.read_text()) if result.is_file() else None
 
 
-def train(bertzoo: str, claim: Claim, arm: str, seed: int, run: Path, data: str) -> None:
+def train(bertzoo: str, claim: Claim, arm: str, seed: int, run: Path, result: Path, data: str) -> None:
     resume = ["--resume"] if (run / "LATEST").exists() else []
     cmd = [bertzoo, "train", "--data", data, "--out", str(run), "--seed", str(seed), "--no-progress",
            *claim.options, *claim.arms[arm], *resume]
@@ -92,7 +92,8 @@ def train(bertzoo: str, claim: Claim, arm: str, seed: int, run: Path, data: str)
         subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
     records = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines() if line.strip()]
     dev = [r["dev"] for r in records if "dev" in r][-1]  # the evaluation after the last step
-    atomic_write_text(run / "DONE", json.dumps(dev))
+    result.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(result, json.dumps({**dev, "seconds": round(time.perf_counter() - started)}, indent=1) + "\n")
     print(f"  {time.perf_counter() - started:.0f} s", flush=True)
 
 
@@ -114,12 +115,12 @@ def difference_ci(a: list[float], b: list[float]) -> tuple[float, float]:
     return ma - mb, t975(df) * math.sqrt(se2)
 
 
-def report(out: Path, names: list[str]) -> list[str]:
+def report(results: Path, names: list[str]) -> list[str]:
     lines = ["| claim (paper) | task, metric | arm | seeds | dev score, mean +- 95% | vs baseline, +- 95% | verdict |",
              "|---|---|---|---|---|---|---|"]
     for name in names:
         claim = CLAIMS[name]
-        devs = {arm: [d for d in map(final_dev, sorted((out / name / arm).glob("seed*"))) if d is not None]
+        devs = {arm: [d for d in map(final_dev, sorted((results / name / arm).glob("seed*.json"))) if d is not None]
                 for arm in claim.arms}
         for task, metric in claim.metrics:
             scores = {arm: [d[task][metric] for d in runs] for arm, runs in devs.items()}
@@ -142,7 +143,9 @@ def report(out: Path, names: list[str]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", required=True, help="run directories (checkpoints: not for git)")
+    parser.add_argument("--results", default=str(Path(__file__).parent / "results" / "zoo_claims"),
+                        help="each finished run's dev metrics, one small JSON file per run")
     parser.add_argument("--claims", default=",".join(CLAIMS), help=f"comma-separated, of {', '.join(CLAIMS)}")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--arms", default=None, help="only these arms (comma-separated); default all")
@@ -152,7 +155,7 @@ def main() -> None:
     unknown = [c for c in names if c not in CLAIMS]
     if unknown:
         sys.exit(f"--claims: unknown {unknown}; choose from {', '.join(CLAIMS)}")
-    out = Path(args.out)
+    out, results = Path(args.out), Path(args.results)
     if not args.report:
         bertzoo = shutil.which("bertzoo") or str(Path(sys.executable).with_name("bertzoo"))
         seeds = [int(s) for s in args.seeds.split(",")]
@@ -162,10 +165,10 @@ def main() -> None:
                 for arm in claim.arms:
                     if args.arms and arm not in args.arms.split(","):
                         continue
-                    run = out / name / arm / f"seed{seed}"
-                    if final_dev(run) is None:
-                        train(bertzoo, claim, arm, seed, run, args.data)
-    print("\n".join(report(out, names)))
+                    result = results / name / arm / f"seed{seed}.json"
+                    if final_dev(result) is None:
+                        train(bertzoo, claim, arm, seed, out / name / arm / f"seed{seed}", result, args.data)
+    print("\n".join(report(results, names)))
 
 
 if __name__ == "__main__":
