@@ -136,7 +136,8 @@ def report(results: Path, names: list[str]) -> list[str]:
                     diff, dhalf = difference_ci(values, base)
                     diff_text = f"{diff:+.4f} +- {dhalf:.4f}"
                     verdict = "confirmed" if diff - dhalf > 0 else "refuted" if diff + dhalf < 0 else "unresolved"
-                lines.append(f"{where} {mean:.4f} +- {half:.4f} | {diff_text} | {verdict} |")
+                spread = f" +- {half:.4f}" if len(values) > 1 else " (one seed)"
+                lines.append(f"{where} {mean:.4f}{spread} | {diff_text} | {verdict} |")
     return lines
 
 
