@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 from bertzoo.cli import main
+from bertzoo.data import DataError
 from bertzoo.trainer import train as train_module
 from bertzoo.trainer.checkpoint import load_model, resolve_checkpoint
 from conftest import TINY_ENCODER, interrupt_training, raise_on_call
@@ -83,6 +84,13 @@ def test_sst_phrases_in_length_grouped_batches_train_and_resume_exactly(tiny_tra
     resumed, _ = train_module.train(interrupted, resume=True)
     for name, tensor in expected.state_dict().items():
         assert torch.equal(tensor, resumed.state_dict()[name]), f"{name} differs after resume"
+
+
+def test_a_missing_phrase_file_fails_before_the_run_directory_is_written(tiny_train_config, tmp_path):
+    config = tiny_train_config(sst_phrases=str(tmp_path / "trees.txt"))
+    with pytest.raises(DataError, match=f"{tmp_path / 'trees.txt'}: file not found"):
+        train_module.train(config)
+    assert not (tmp_path / "run").exists()
 
 
 def test_sst_phrases_need_sst5(tiny_train_config, samples):

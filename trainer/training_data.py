@@ -7,7 +7,7 @@ import logging
 from collections import Counter
 from pathlib import Path
 
-from bertzoo.data import DataError
+from bertzoo.data import DataError, _check_exists
 from bertzoo.datafiles import find_files, load_split, samples_dir
 from bertzoo.sst_trees import read_sst_phrases
 from bertzoo.unanswerable import synthesize_unanswerable
@@ -31,6 +31,8 @@ def check_data_files(config: TrainConfig) -> None:
                 if not data_dir.is_dir() or not others:
                     raise
                 raise DataError(f"{e}; to train without {task}, pass --tasks {','.join(others)}") from None
+    if config.sst_phrases:
+        _check_exists(Path(config.sst_phrases))
 
 
 def load_splits(config: TrainConfig, split: str, limit: int | None) -> dict[str, list]:
