@@ -11,8 +11,10 @@ final dev metrics go to ``RESULTS/<claim>/<arm>/seed<k>.json`` (``--results``, b
 score with a 95% t-interval over seeds, and the difference to the baseline with the interval of that difference
 (Welch), which is what says "confirmed" (interval above 0), "refuted" (interval below 0) or "unresolved" (it straddles 0).
 
-Not here yet: attention guidance's downstream claim (paper 003), which needs MLM pre-training from scratch with and
-without AG (``bertzoo pretrain``) before fine-tuning both on SST-2 and STS-B.
+Attention guidance's claim (paper 003) is about pre-training: its arms first pre-train a small BERT from scratch
+with ``bertzoo pretrain`` (plain MLM, or MLM + AG, same seed, budget and corpus) into ``OUT/ag_pretrain/<arm>/seed<k>``,
+shared by its two fine-tuning claims (SST-2 and STS-B, single-task each, as the issue asks), which then start from
+that backbone.
 """
 
 from __future__ import annotations
@@ -31,12 +33,21 @@ from bertzoo.atomic import atomic_write_text
 
 
 @dataclass(frozen=True)
+class Pretraining:
+    """A ``bertzoo pretrain`` run per (arm, seed) that a claim's fine-tuning starts from (``--backbone``)."""
+    name: str  # its runs live in OUT/<name>/<arm>/seed<k>, shared by every claim that names it
+    options: tuple[str, ...]  # bertzoo pretrain options shared by every arm (the corpus: --data, added here)
+    arms: dict[str, tuple[str, ...]]  # arm -> its own pretrain options
+
+
+@dataclass(frozen=True)
 class Claim:
     paper: str
     statement: str
     options: tuple[str, ...]  # bertzoo train options shared by every arm
     arms: dict[str, tuple[str, ...]]  # arm -> its own options; "baseline" first
     metrics: tuple[tuple[str, str], ...]  # the (task, dev metric) pairs the claim is about
+    pretraining: Pretraining | None = None
 
 
 _SST5 = ("--tasks", "sentiment", "--epochs", "2")
@@ -44,6 +55,16 @@ _PAIRS = ("--tasks", "paraphrase,similarity", "--epochs", "2")
 # The CS224N multitask setting of papers 000 and 004: three sentence tasks, no QA.
 _MULTI = ("--tasks", "sentiment,paraphrase,similarity", "--epochs", "2")
 _MULTI_METRICS = (("sentiment", "accuracy"), ("paraphrase", "accuracy"), ("similarity", "pearson"))
+# Paper 003 in the setting of benchmarks/ag_convergence.py (a 4-layer, 256-wide BERT from random weights, 8 heads so
+# that AG guides one [Next], one [Prev] and two [First] heads per layer, alpha_0 = 10), 4x its budget: 2,000 steps.
+_AG_MODEL = ("num_hidden_layers=4", "hidden_size=256", "num_attention_heads=8", "intermediate_size=1024",
+             "max_position_embeddings=64")
+AG_PRETRAINING = Pretraining(
+    "ag_pretrain",
+    ("--random-init", *(o for kv in _AG_MODEL for o in ("--encoder", kv)), "--max-steps", "2000", "--batch-size", "32",
+     "--max-seq-length", "64", "--lr", "5e-4", "--warmup-ratio", "0.05"),
+    {"baseline": (), "ag": ("--ag-weight", "10", "--ag-fraction", "0.5", "--ag-patterns", "next,prev,first")})
+_AG_FINETUNE = ("--max-seq-length", "64", "--lr", "1e-4")
 CLAIMS: dict[str, Claim] = {
     "ssaf_sst5": Claim(
         "002", "sparsegen-lin attention beats softmax on SST-5 (the paper: SST-1), lambda swept", _SST5,
@@ -64,6 +85,14 @@ CLAIMS: dict[str, Claim] = {
     "cross_pool_dtp": Claim(
         "004", "cross-attention + attention pooling + dynamic task prioritization beat the baseline's multitask run",
         _MULTI, {"baseline": (), "cross_pool_dtp": ("--preset", "cross_pool_dtp")}, _MULTI_METRICS),
+    "ag_sst2": Claim(
+        "003", "pre-training with attention guidance gives a better SST-2 model than plain MLM pre-training",
+        ("--tasks", "sentiment", "--sentiment-dataset", "sst2", "--epochs", "1", *_AG_FINETUNE),
+        {"baseline": (), "ag": ()}, (("sentiment", "accuracy"),), AG_PRETRAINING),
+    "ag_stsb": Claim(
+        "003", "the same pre-trained pair of models, fine-tuned on STS-B", ("--tasks", "similarity", "--epochs", "3",
+                                                                           *_AG_FINETUNE),
+        {"baseline": (), "ag": ()}, (("similarity", "pearson"),), AG_PRETRAINING),
 }
 # t quantiles (0.975) by degrees of freedom, for the 95% intervals of a handful of seeds.
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
@@ -81,19 +110,45 @@ def final_dev(result: Path) -> dict | None:
     return json.loads(result.read_text()) if result.is_file() else None
 
 
-def train(bertzoo: str, claim: Claim, arm: str, seed: int, run: Path, result: Path, data: str) -> None:
-    resume = ["--resume"] if (run / "LATEST").exists() else []
-    cmd = [bertzoo, "train", "--data", data, "--out", str(run), "--seed", str(seed), "--no-progress",
-           *claim.options, *claim.arms[arm], *resume]
+def run_logged(cmd: list[str], run: Path) -> None:
     print("+", " ".join(cmd), flush=True)
     run.parent.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
     with open(run.parent / f"{run.name}.log", "a") as log:
         subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
-    records = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines() if line.strip()]
-    dev = [r["dev"] for r in records if "dev" in r][-1]  # the evaluation after the last step
+
+
+def log_records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines() if line.strip()]
+
+
+def pretrained_backbone(bertzoo: str, pretraining: Pretraining, arm: str, seed: int, out: Path,
+                        data: str) -> tuple[Path, float]:
+    """The arm's pre-trained backbone for this seed and its final held-out MLM loss, pre-training it first unless an
+    earlier run left it (``bertzoo pretrain`` writes ``backbone/`` atomically at its end, so a killed pre-training is
+    simply run again)."""
+    run = out / pretraining.name / arm / f"seed{seed}"
+    backbone = run / "backbone"
+    if not (backbone / "model.safetensors").is_file():
+        run_logged([bertzoo, "pretrain", "--data", data, "--out", str(run), "--seed", str(seed), "--no-progress",
+                    *pretraining.options, *pretraining.arms[arm]], run)
+    return backbone, [r["heldout_mlm_loss"] for r in log_records(run) if "heldout_mlm_loss" in r][-1]
+
+
+def train(bertzoo: str, name: str, arm: str, seed: int, out: Path, result: Path, data: str) -> None:
+    claim = CLAIMS[name]
+    started = time.perf_counter()
+    backbone, extra = [], {}
+    if claim.pretraining is not None:
+        path, extra["pretrain_heldout_mlm_loss"] = pretrained_backbone(bertzoo, claim.pretraining, arm, seed, out, data)
+        backbone = ["--backbone", str(path)]
+    run = out / name / arm / f"seed{seed}"
+    resume = ["--resume"] if (run / "LATEST").exists() else []
+    run_logged([bertzoo, "train", "--data", data, "--out", str(run), "--seed", str(seed), "--no-progress",
+                *backbone, *claim.options, *claim.arms[arm], *resume], run)
+    dev = [r["dev"] for r in log_records(run) if "dev" in r][-1]  # the evaluation after the last step
     result.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(result, json.dumps({**dev, "seconds": round(time.perf_counter() - started)}, indent=1) + "\n")
+    atomic_write_text(result, json.dumps({**dev, **extra, "seconds": round(time.perf_counter() - started)},
+                                         indent=1) + "\n")
     print(f"  {time.perf_counter() - started:.0f} s", flush=True)
 
 
@@ -168,7 +223,7 @@ def main() -> None:
                         continue
                     result = results / name / arm / f"seed{seed}.json"
                     if final_dev(result) is None:
-                        train(bertzoo, claim, arm, seed, out / name / arm / f"seed{seed}", result, args.data)
+                        train(bertzoo, name, arm, seed, out, result, args.data)
     print("\n".join(report(results, names)))
 
 

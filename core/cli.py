@@ -132,6 +132,8 @@ def main(verbose: bool) -> None:
               help="Length-grouped batches of up to this many padded tokens (never below --batch-size items).")
 @click.option("--lr", type=float, default=None)
 @click.option("--head-lr", type=float, default=None)
+@click.option("--lr-layer-decay", type=float, default=None,
+              help="Layer-wise lr decay: each encoder layer trains at this times the rate of the one above [1: off].")
 @click.option("--weight-decay", type=float, default=None)
 @click.option("--warmup-ratio", type=float, default=None)
 @click.option("--grad-clip", type=float, default=None)

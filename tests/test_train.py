@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -152,3 +153,37 @@ def test_missing_data_file_fails_naming_it(tiny_train_config, tmp_path):
     config = tiny_train_config(data_dir=str(tmp_path))
     with pytest.raises(Exception, match="ids-sst-train.csv"):
         train_module.train(config)
+
+
+def test_layer_wise_lr_decay_scales_each_encoder_layer_and_leaves_heads_alone(tiny_train_config):
+    config = tiny_train_config(lr=1e-4, head_lr=1e-3, lr_layer_decay=0.5)  # TINY_ENCODER has 2 layers
+    model, _ = train_module.build_model(config)
+    optimizer = train_module.make_optimizer(model, config.lr, config.weight_decay, config.head_lr,
+                                            config.lr_layer_decay)
+    rate_of = {id(p): group["base_lr"] for group in optimizer.param_groups for p in group["params"]}
+    rates = {name: rate_of[id(p)] for name, p in model.named_parameters()}
+    assert rates["encoder.encoder.layer.1.output.dense.weight"] == pytest.approx(1e-4)  # the top layer: lr
+    assert rates["encoder.encoder.layer.0.output.dense.weight"] == pytest.approx(5e-5)
+    assert rates["encoder.embeddings.word_embeddings.weight"] == pytest.approx(2.5e-5)
+    assert {r for n, r in rates.items() if n.startswith("heads.")} == {1e-3}
+    plain = train_module.make_optimizer(model, config.lr, config.weight_decay, config.head_lr)
+    assert {g["base_lr"] for g in plain.param_groups} == {1e-4, 1e-3}
+    with pytest.raises(ValueError, match="lr_layer_decay"):
+        tiny_train_config(lr_layer_decay=0.0)
+
+
+def test_task_weights_scale_a_tasks_share_of_steps_and_the_epoch(tiny_train_config):
+    # 24 items in batches of 4: 6 batches a pass per task; sentiment weighted 0.25 -> an epoch of 1.5 + 6 = 8 steps
+    config = tiny_train_config(tasks=("sentiment", "paraphrase"), epochs=2, eval_every_epoch=False,
+                               task_weights={"sentiment": 0.25})
+    train_module.train(config)
+    records = [json.loads(line) for line in (Path(config.out_dir) / "train_log.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "loss" in r]
+    assert steps[-1]["step"] == 16
+    trained = [task for r in steps for task in r["loss"]]  # log_every=1: one task per record
+    assert trained.count("sentiment") < trained.count("paraphrase") / 2
+    for bad in ({"qa": 1.0}, {"sentiment": 0}, {"sentiment": "x"}):
+        with pytest.raises(ValueError, match="task_weights"):
+            tiny_train_config(tasks=("sentiment", "paraphrase"), task_weights=bad)
+    with pytest.raises(ValueError, match="task_weights need proportional"):
+        tiny_train_config(sampling="round_robin", task_weights={"sentiment": 0.5})

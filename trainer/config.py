@@ -56,7 +56,7 @@ class TrainConfig:
     qa_calibration_articles: int = 1
     qa_calibration_share: float | None = 0.5
     # optimisation
-    epochs: float = 1.0  # over the largest task; the bundled samples take about a minute on 2 cores
+    epochs: float = 1.0  # passes over every task's data (times its task weight); the samples: ~1 minute on 2 cores
     max_steps: int | None = None  # overrides epochs when set
     batch_size: int = 16  # per process; pair tasks carry 2x this many sentences
     # Length-grouped batches grown to this many padded tokens per process, never below batch_size (None: fixed
@@ -64,10 +64,14 @@ class TrainConfig:
     batch_tokens: int | None = None
     lr: float = 5e-5
     head_lr: float = 1e-3  # freshly initialised heads learn faster than the pretrained encoder
+    lr_layer_decay: float = 1.0  # layer-wise lr decay: each encoder layer at this times the rate of the one above
     weight_decay: float = 0.01
     warmup_ratio: float = 0.1
     grad_clip: float = 1.0
     sampling: str = "proportional"
+    # a task's size for the proportional and annealed samplers and for the epoch length is multiplied by its weight,
+    # e.g. {"sentiment": 0.05}: SST phrases in the pool, but the steps of the sentences alone
+    task_weights: dict = field(default_factory=dict)
     anneal_min_alpha: float = 0.2  # "annealed": p_task ~ n_task ** alpha, alpha from 1 down to this
     precision: str = "auto"  # auto = bf16 autocast on a GPU that supports it, else fp32
     # zoo: dynamic task prioritization (trainer/prioritization.py; paper 004), used when sampling = "dynamic"
@@ -106,10 +110,18 @@ class TrainConfig:
             raise ValueError(f"tasks must be a non-empty subset of {TASK_NAMES}, got {list(self.tasks)}")
         if self.sampling not in SAMPLINGS:
             raise ValueError(f"sampling must be one of {SAMPLINGS}, got {self.sampling!r}")
+        for task, weight in self.task_weights.items():
+            if task not in self.tasks or isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight <= 0:
+                raise ValueError(f"task_weights: {task!r}: {weight!r}; give trained tasks ({', '.join(self.tasks)}) "
+                                 f"positive numbers")
+        if self.task_weights and self.sampling in ("round_robin", "dynamic"):
+            raise ValueError(f"task_weights need proportional or annealed sampling, not {self.sampling!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if not 0.0 < self.lr_layer_decay <= 1.0:
+            raise ValueError(f"lr_layer_decay must be in (0, 1] (1: off), got {self.lr_layer_decay}")
         if self.batch_tokens is not None and self.batch_tokens < 1:
             raise ValueError(f"batch_tokens must be >= 1, got {self.batch_tokens}")
         if self.sst_phrases is not None and (self.sentiment_dataset != "sst5" or "sentiment" not in self.tasks):

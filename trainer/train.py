@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import random
+import re
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, fields
@@ -108,12 +109,20 @@ def task_loss(task: str, outputs, batch: dict[str, torch.Tensor], similarity_los
     return (F.cross_entropy(start, batch["start_positions"]) + F.cross_entropy(end, batch["end_positions"])) / 2
 
 
-def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, head_lr: float | None = None
-                   ) -> torch.optim.AdamW:
-    """AdamW; each group keeps its ``base_lr`` for the schedule. ``head_lr``: the rate of ``heads.*`` parameters."""
+def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, head_lr: float | None = None,
+                   layer_decay: float = 1.0) -> torch.optim.AdamW:
+    """AdamW; each group keeps its ``base_lr`` for the schedule. ``head_lr``: the rate of ``heads.*`` parameters.
+
+    ``layer_decay`` < 1 is layer-wise learning-rate decay (ELECTRA, BEiT): the top encoder layer trains at ``lr``,
+    each layer below at ``layer_decay`` times the one above it, the embeddings at the rate of a layer under the
+    first, so the general lower layers of a pretrained encoder move less than the task-specific upper ones."""
+    depth = encoder_depth(model)
     groups: dict[tuple[float, float], list] = {}
     for name, param in model.named_parameters():
-        group_lr = head_lr if head_lr is not None and name.startswith("heads.") else lr
+        if head_lr is not None and name.startswith("heads."):
+            group_lr = head_lr
+        else:
+            group_lr = lr * layer_decay ** (depth - encoder_layer_of(name, depth))
         # No weight decay on biases and LayerNorm weights (standard BERT practice).
         decay = 0.0 if param.ndim < 2 else weight_decay
         groups.setdefault((group_lr, decay), []).append(param)
@@ -122,6 +131,23 @@ def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, head_
     return torch.optim.AdamW(
         [{"params": p, "lr": lr, "base_lr": lr, "weight_decay": wd} for (lr, wd), p in groups.items()], fused=True
     )
+
+
+_LAYER = re.compile(r"(?:^|\.)encoder\.layer\.(\d+)\.")
+
+
+def encoder_depth(model: torch.nn.Module) -> int:
+    """The number of transformer layers, counted from the parameter names (``...encoder.layer.<i>...``)."""
+    layers = {int(m.group(1)) for name, _ in model.named_parameters() if (m := _LAYER.search(name))}
+    return max(layers) + 1 if layers else 0
+
+
+def encoder_layer_of(name: str, depth: int) -> int:
+    """1-based depth of a parameter for layer-wise decay: embeddings 0, transformer layer i is i + 1, and anything
+    above the layers (heads, MLM head) ``depth``, the top's rate."""
+    if (match := _LAYER.search(name)) is not None:
+        return int(match.group(1)) + 1
+    return 0 if ".embeddings." in f".{name}" else depth
 
 
 def lr_factor(step: int, total: int, warmup_ratio: float) -> float:
@@ -159,8 +185,9 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
         for task, examples in train_splits.items()
     }
     tasks = list(streams)
-    sizes = [streams[t].sampling_size for t in tasks]
-    epoch_steps = sum(streams[t].batches_per_pass for t in tasks)
+    weight = {t: config.task_weights.get(t, 1.0) for t in tasks}
+    sizes = [streams[t].sampling_size * weight[t] for t in tasks]
+    epoch_steps = max(1, round(sum(streams[t].batches_per_pass * weight[t] for t in tasks)))
     total_steps = config.max_steps or max(1, round(config.epochs * epoch_steps))
     if env.is_main:
         log.info("training items per task: %s; %d steps per epoch; %d steps in all",
@@ -176,7 +203,7 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
     model.to(env.device)
     objectives = build_objectives(config, tokenizer)
     needs_attentions = any(o.needs_attentions for o in objectives)
-    optimizer = make_optimizer(model, config.lr, config.weight_decay, config.head_lr)
+    optimizer = make_optimizer(model, config.lr, config.weight_decay, config.head_lr, config.lr_layer_decay)
     start_step, best, metrics = 0, float("-inf"), {}
     if resume and (out_dir / "LATEST").exists():
         directory = ckpt.resolve_checkpoint(out_dir, prefer="LATEST")

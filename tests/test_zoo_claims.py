@@ -1,0 +1,59 @@
+"""The statistics and bookkeeping of benchmarks/zoo_claims.py: the verdicts it prints are what the README reports."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "zoo_claims.py"
+
+
+@pytest.fixture(scope="module")
+def zoo_claims():
+    spec = importlib.util.spec_from_file_location("zoo_claims", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_mean_and_welch_intervals_match_the_textbook(zoo_claims):
+    mean, var, half = zoo_claims.mean_ci([1.0, 2.0, 3.0])
+    assert (mean, var) == (2.0, 1.0) and half == pytest.approx(4.303 * math.sqrt(1 / 3))
+    # equal variances and sizes: Welch's df = 2 (n - 1) = 4
+    diff, dhalf = zoo_claims.difference_ci([2.0, 3.0, 4.0], [1.0, 2.0, 3.0])
+    assert diff == 1.0 and dhalf == pytest.approx(2.776 * math.sqrt(2 / 3))
+    assert zoo_claims.t975(2.7) == 4.303  # df rounded down: the wider interval
+
+
+def write(results: Path, claim: str, arm: str, scores: list[float]) -> None:
+    for seed, score in enumerate(scores):
+        path = results / claim / arm / f"seed{seed}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"sentiment": {"accuracy": score}}))
+
+
+def test_report_says_confirmed_refuted_or_unresolved_from_the_interval(zoo_claims, tmp_path):
+    write(tmp_path, "ssaf_sst5", "baseline", [0.50, 0.51, 0.49])
+    write(tmp_path, "ssaf_sst5", "ssaf_lambda-7", [0.55, 0.56, 0.54])
+    write(tmp_path, "ssaf_sst5", "ssaf_lambda-5", [0.45, 0.46, 0.44])
+    write(tmp_path, "ssaf_sst5", "ssaf_lambda-3", [0.50, 0.53, 0.48])
+    write(tmp_path, "ssaf_sst5", "ssaf_lambda0", [0.52])
+    rows = {line.split("|")[3].strip(): line for line in zoo_claims.report(tmp_path, ["ssaf_sst5"])[2:]}
+    assert rows["ssaf_lambda-7"].rstrip(" |").endswith("confirmed")
+    assert rows["ssaf_lambda-5"].rstrip(" |").endswith("refuted")
+    assert rows["ssaf_lambda-3"].rstrip(" |").endswith("unresolved")
+    assert "(one seed)" in rows["ssaf_lambda0"] and "confirmed" not in rows["ssaf_lambda0"]
+
+
+def test_attention_guidance_claims_fine_tune_one_shared_pre_training_per_arm(zoo_claims):
+    sst2, stsb = zoo_claims.CLAIMS["ag_sst2"], zoo_claims.CLAIMS["ag_stsb"]
+    assert sst2.pretraining is stsb.pretraining is not None
+    assert set(sst2.arms) == set(stsb.arms) == set(sst2.pretraining.arms) == {"baseline", "ag"}
+    assert sst2.pretraining.arms["baseline"] == () and "--ag-weight" in sst2.pretraining.arms["ag"]
+    assert "--random-init" in sst2.pretraining.options  # the paper's claim is about pre-training from scratch
