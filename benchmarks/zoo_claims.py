@@ -6,7 +6,8 @@
 A claim is a setting (tasks, budget) and arms (the baseline and the paper's system, as ``bertzoo train`` options).
 Every (claim, arm, seed) trains in its own child process into ``OUT/<claim>/<arm>/seed<k>``. When it finishes, its
 final dev metrics go to ``RESULTS/<claim>/<arm>/seed<k>.json`` (``--results``, by default the committed
-``benchmarks/results/zoo_claims``): a run with a result is never trained again, a run that was killed continues with
+``benchmarks/results/zoo_claims``; ``seconds`` there is the run's wall time, including the pre-training it started
+with, if any): a run with a result is never trained again, a run that was killed continues with
 ``--resume``, so one sweep can be spread over several sessions and machines. The report gives, per arm, the mean dev
 score with a 95% t-interval over seeds, and the difference to the baseline with the interval of that difference
 (Welch), which is what says "confirmed" (interval above 0), "refuted" (interval below 0) or "unresolved" (it straddles 0).
