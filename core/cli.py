@@ -387,9 +387,6 @@ def _serve_option(*decls: str, name: str, **kwargs):
                help="Requests waiting for the model; more are answered RESOURCE_EXHAUSTED.")
 @_serve_option("--max-queue-delay-ms", name="max_queue_delay_ms", type=float,
                help="How long an idle model waits to fill a batch; 0: never.")
-@_serve_option("--retry-pushback/--no-retry-pushback", name="retry_pushback",
-               help="A full queue's RESOURCE_EXHAUSTED tells gRPC clients when to retry (grpc-retry-pushback-ms, "
-                    "about one queue turnover, jittered), so refused clients do not come back in bursts.")
 @_serve_option("--pad-to", name="pad_to", type=click.Choice(["longest", "bucket"]), default=None,
                help="Pad a batch to its longest sequence (least compute on CPU) or to its length bucket (fixed shapes) "
                     "[default: bucket on a GPU, where engines and CUDA graphs want few shapes; longest on the CPU].")
@@ -410,7 +407,7 @@ def _serve_option(*decls: str, name: str, **kwargs):
 @_serve_option("--tokenize-threads", name="tokenize_threads", type=int, help="Tokenizer threads.")
 @_serve_option("--warmup/--no-warmup", name="warmup", help="Run every length bucket once before reporting SERVING.")
 def serve(auth_token_file: str | None, max_batch_size: int, max_batch_tokens: int, max_queue: int,
-          max_queue_delay_ms: float, retry_pushback: bool, pad_to: str, **options) -> None:
+          max_queue_delay_ms: float, pad_to: str, **options) -> None:
     """Serve MODEL_DIR over gRPC (bertzoo.v1.Bertzoo, health, reflection) until SIGTERM, with a dynamic batcher and
     Prometheus metrics. Every option can also be set by the environment variable shown."""
     import asyncio
@@ -425,7 +422,7 @@ def serve(auth_token_file: str | None, max_batch_size: int, max_batch_tokens: in
     if pad_to is None:
         pad_to = "bucket" if options["device"] == "cuda" else "longest"
     try:
-        batch = BatchSettings(max_batch_size, max_batch_tokens, max_queue, max_queue_delay_ms, pad_to, retry_pushback)
+        batch = BatchSettings(max_batch_size, max_batch_tokens, max_queue, max_queue_delay_ms, pad_to)
         config = ServeConfig(batch=batch, **options)
     except ValueError as e:
         raise click.UsageError(str(e)) from e

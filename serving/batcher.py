@@ -25,8 +25,7 @@ system hands the cores to the main lane whenever it has work and to the long lan
 request's windows are separate items (``engine.split_windows``), run a few per batch, so a cancelled request or one
 past its deadline stops between batches. Cancelled requests (their future is cancelled when
 the RPC is) leave the queue at once, and a request whose deadline has passed is dropped when its turn comes: neither
-reaches the model. A request finds the queue full (``max_queue`` requests waiting) -> :class:`QueueFull` at once,
-advising a retry after about one queue turnover (:meth:`Batcher.retry_after_s`).
+reaches the model. A request finds the queue full (``max_queue`` requests waiting) -> :class:`QueueFull` at once.
 A backend error fails the requests in that batch only.
 """
 
@@ -36,7 +35,6 @@ import asyncio
 import itertools
 import logging
 import os
-import random
 import threading
 import time
 from collections import deque
@@ -61,13 +59,6 @@ Instance = tuple[BatchRunner, ThreadPoolExecutor]
 # one-sentence encoder call's p99 went from 11 ms to 25.6 ms; at nice 19, 16.9 ms (2 cores, RESULTS.md).
 MAIN_LANE_NICE = 5
 LONG_LANE_NICE = 19
-# The retry advice of a full queue, in seconds: the recent queue wait, kept within these bounds, times a random
-# factor, so that refused clients come back spread over the time in which places free up. Without it, gRPC clients
-# retry after their own short backoff (0.1-0.4 s in ours) and 64 of them kept the event loop busy refusing retries:
-# the refusals themselves then waited for each other (RESULTS.md).
-RETRY_AFTER_BOUNDS_S = (0.01, 2.0)
-RETRY_AFTER_JITTER = (0.5, 1.5)
-QUEUE_WAIT_SMOOTHING = 0.1  # weight of each newly started request's wait in the running mean
 
 
 def lower_thread_priority(nice: int) -> None:
@@ -147,7 +138,6 @@ class Batcher:
         self._bucket_rows: dict[int, int] = {}
         self._waiting_jobs = 0
         self._waiting_rows = 0
-        self._queue_wait_s = 0.1  # running mean of the wait of requests that reached the model; for retry advice
         self._in_flight = 0  # batches handed to the worker and not finished
         self._closing = False
         self._closed = False
@@ -201,14 +191,7 @@ class Batcher:
         if self._closing:
             raise Unavailable("the server is shutting down", reason="shutdown")
         if self._waiting_jobs >= self._settings.max_queue:
-            raise QueueFull(f"the server's queue is full ({self._settings.max_queue} requests waiting); retry later",
-                            retry_after_s=self.retry_after_s() if self._settings.retry_pushback else None)
-
-    def retry_after_s(self) -> float:
-        """When a refused request should come back: about the time a request waits in the queue now (by then the
-        queue has turned over), with jitter."""
-        low, high = RETRY_AFTER_BOUNDS_S
-        return min(max(self._queue_wait_s, low), high) * random.uniform(*RETRY_AFTER_JITTER)
+            raise QueueFull(f"the server's queue is full ({self._settings.max_queue} requests waiting); retry later")
 
     def submit(self, works: Sequence[Work], timeout: float | None = None) -> Job:
         """Queue a request's items; await ``job.future`` for their outputs. ``timeout``: seconds the client still
@@ -386,8 +369,6 @@ class Batcher:
     def _deliver(self, batch: _Batch, outputs: list, started: float, ended: float) -> None:
         for item, output in zip(batch.items, outputs, strict=True):
             job = item.job
-            if job.first_start is None:
-                self._queue_wait_s += QUEUE_WAIT_SMOOTHING * (started - job.submitted - self._queue_wait_s)
             job.first_start = started if job.first_start is None else min(job.first_start, started)
             job.last_end = ended if job.last_end is None else max(job.last_end, ended)
             if job.future.done():  # cancelled while its batch ran: the result is dropped

@@ -29,9 +29,6 @@ class BatchSettings:
     # Runtime CPU, where every shape is as fast as any other. "bucket": pad to the bucket length, for runtimes that
     # prefer a few fixed shapes (e.g. a TensorRT engine with one optimisation profile per bucket, or CUDA graphs).
     pad_to: str = "longest"
-    # A refusal for a full queue tells the client when to retry (gRPC's grpc-retry-pushback-ms trailer, which gRPC
-    # clients with a retry policy obey instead of their own backoff): about one queue turnover, jittered.
-    retry_pushback: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_batch_tokens", "max_queue"):

@@ -13,12 +13,10 @@ class ServingError(Exception):
     code = "INTERNAL"  # a grpc.StatusCode name
     reason = "internal"  # a short, fixed label for the failure counter (never user input: label cardinality)
 
-    def __init__(self, message: str, reason: str | None = None, retry_after_s: float | None = None) -> None:
+    def __init__(self, message: str, reason: str | None = None) -> None:
         super().__init__(message)
         if reason is not None:
             self.reason = reason
-        # When the client should try again, for errors that go away by waiting; None: no advice.
-        self.retry_after_s = retry_after_s
 
 
 class InvalidRequest(ServingError):

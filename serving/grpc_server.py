@@ -15,7 +15,6 @@ Life of a server:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import gc
 import json
 import logging
@@ -203,9 +202,9 @@ LONG_LANE_BATCH_TOKENS = 2048
 
 
 def long_lane_settings(config: ServeConfig) -> BatchSettings:
-    """The main lane's settings with small batches, and no waiting for fuller ones."""
-    return dataclasses.replace(config.batch, max_batch_tokens=min(config.batch.max_batch_tokens, LONG_LANE_BATCH_TOKENS),
-                               max_queue_delay_ms=0.0)
+    return BatchSettings(max_batch_size=config.batch.max_batch_size,
+                         max_batch_tokens=min(config.batch.max_batch_tokens, LONG_LANE_BATCH_TOKENS),
+                         max_queue=config.batch.max_queue, pad_to=config.batch.pad_to)
 
 
 def _version() -> str:

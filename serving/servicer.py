@@ -26,14 +26,6 @@ log = logging.getLogger("bertzoo.serving")
 Response = TypeVar("Response")
 
 
-def retry_pushback(error: ServingError) -> tuple[tuple[str, str], ...]:
-    """The trailer that tells gRPC clients when to retry (gRFC A6: with a retry policy they wait exactly this long,
-    instead of their own backoff), for errors that carry such advice."""
-    if error.retry_after_s is None:
-        return ()
-    return (("grpc-retry-pushback-ms", str(max(1, round(error.retry_after_s * 1000)))),)
-
-
 def _timing(t: Timing) -> pb2.Timing:
     return pb2.Timing(queue_seconds=t.queue, tokenize_seconds=t.tokenize, inference_seconds=t.inference,
                       total_seconds=t.total)
@@ -76,7 +68,7 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
             return await answer(service, context.time_remaining())
         except ServingError as e:
             code, reason = e.code, e.reason
-            await context.abort(grpc.StatusCode[e.code], str(e), trailing_metadata=retry_pushback(e))
+            await context.abort(grpc.StatusCode[e.code], str(e))
             raise  # not reached: abort raises
         except asyncio.CancelledError:
             # gRPC cancels the handler when the client cancels, disconnects or its deadline passes.
