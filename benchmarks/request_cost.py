@@ -12,7 +12,7 @@ For each server (a `bertzoo serve` subprocess, all cores):
    CPU still busy);
 4. resident memory (VmRSS) at start, after the worst-case requests, and its peak (VmHWM);
 5. with the lane on: a request over the cost limit (8 contexts of 20,000 characters) is refused, and how fast;
-6. a queue held full (--max-queue 4; 64 clients send 8 sentences a request and retry refusals with backoff, as the
+6. a queue held full (--max-queue 4; 64 clients send 64 sentences a request and retry refusals with backoff, as the
    bertzoo client does): the latency of the RESOURCE_EXHAUSTED answers a probe gets (one sentence every 20 ms).
 
 The client runs on the same cores as the server (a small machine): every figure pays for it equally.
@@ -41,6 +41,10 @@ from bertzoo.serving.proto import pb2
 SMALL = "a gripping, funny and moving film."
 WORST = ("what is it?", "a " * 10000)
 COSTLY = [("what is it?", "b " * 10000)] * 8
+# The flood's requests are as large as --max-items allows: each is a batch of its own, so the queue drains one request
+# per batch and the retrying clients refill it at once: the probe finds it full (with 8 sentences a request, a batch
+# took the whole queue at once and the probe found room about half the time).
+FLOOD_TEXTS = 64
 
 
 def start_server(artifact: str, variant: str, port: int, *extra: str) -> subprocess.Popen:
@@ -122,8 +126,8 @@ def costly_phase(target: str) -> dict:
 
 
 async def flood(target: str, clients: int, seconds: float) -> int:
-    """``clients`` clients sending 8 sentences a request, retrying refusals with backoff as the bertzoo client does
-    by default; returns the requests answered."""
+    """``clients`` clients sending FLOOD_TEXTS sentences a request, retrying refusals with backoff as the bertzoo
+    client does by default; returns the requests answered."""
     answered = [0]
     stop_at = time.perf_counter() + seconds
 
@@ -132,7 +136,7 @@ async def flood(target: str, clients: int, seconds: float) -> int:
         try:
             while time.perf_counter() < stop_at:
                 try:
-                    await channel.call("Sentiment", pb2.SentimentRequest(texts=[SMALL] * 8))
+                    await channel.call("Sentiment", pb2.SentimentRequest(texts=[SMALL] * FLOOD_TEXTS))
                     answered[0] += 1
                 except grpc.aio.AioRpcError:
                     pass
@@ -188,14 +192,19 @@ def measure(artifact: str, variant: str, name: str, extra: list[str], port: int,
         server.terminate()
         server.wait(60)
     if queue_full:
-        server = start_server(artifact, variant, port, *extra, "--max-queue", "4")
-        try:
-            result["queue_full_refusals"] = queue_full_phase(target)
-            print(name, "queue full", result["queue_full_refusals"], flush=True)
-        finally:
-            server.terminate()
-            server.wait(60)
+        result["queue_full_refusals"] = queue_full_round(artifact, variant, port, extra)
+        print(name, "queue full", result["queue_full_refusals"], flush=True)
     return result
+
+
+def queue_full_round(artifact: str, variant: str, port: int, extra: list[str], seconds: float = 10.0) -> dict:
+    """:func:`queue_full_phase` against a fresh server with ``--max-queue 4``."""
+    server = start_server(artifact, variant, port, *extra, "--max-queue", "4")
+    try:
+        return queue_full_phase(f"127.0.0.1:{port}", seconds=seconds)
+    finally:
+        server.terminate()
+        server.wait(60)
 
 
 def main() -> None:
@@ -208,8 +217,20 @@ def main() -> None:
     parser.add_argument("--variant", default="fp32")
     parser.add_argument("--port", type=int, default=50731)
     parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--queue-full-only", type=int, metavar="ROUNDS",
+                        help="only (6), this many rounds of 20 s, each against a fresh server")
     args = parser.parse_args()
     results = {**machine(), "variant": args.variant, "servers": []}
+    if args.queue_full_only:
+        results["queue_full_rounds"] = []
+        for _ in range(args.queue_full_only):
+            results["queue_full_rounds"].append(queue_full_round(args.artifact, args.variant, args.port, [], 20.0))
+            print("queue full", results["queue_full_rounds"][-1], flush=True)
+        all_refusals = [r["p99_ms"] for r in results["queue_full_rounds"]]
+        print(f"refusals p99 per round (ms): {all_refusals}")
+        if args.out:
+            Path(args.out).write_text(json.dumps(results, indent=1))
+        return
     unlimited = str(10**9)
     for name, extra, queue_full in (("lane on (defaults)", [], True),
                                     ("lane and cost limit off", ["--long-request-tokens", unlimited,
