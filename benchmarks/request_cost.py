@@ -222,21 +222,18 @@ def main() -> None:
     args = parser.parse_args()
     results = {**machine(), "variant": args.variant, "servers": []}
     if args.queue_full_only:
-        results["queue_full_rounds"] = []
+        rounds = results["queue_full_rounds"] = []
         for _ in range(args.queue_full_only):
-            results["queue_full_rounds"].append(queue_full_round(args.artifact, args.variant, args.port, [], 20.0))
-            print("queue full", results["queue_full_rounds"][-1], flush=True)
-        all_refusals = [r["p99_ms"] for r in results["queue_full_rounds"]]
-        print(f"refusals p99 per round (ms): {all_refusals}")
-        if args.out:
-            Path(args.out).write_text(json.dumps(results, indent=1))
-        return
-    unlimited = str(10**9)
-    for name, extra, queue_full in (("lane on (defaults)", [], True),
-                                    ("lane and cost limit off", ["--long-request-tokens", unlimited,
-                                                                 "--max-request-tokens", unlimited], False)):
-        results["servers"].append(measure(args.artifact, args.variant, name, extra, args.port, queue_full))
-    print(json.dumps(results, indent=1))
+            rounds.append(queue_full_round(args.artifact, args.variant, args.port, [], 20.0))
+            print("queue full", rounds[-1], flush=True)
+        print(f"refusals p99 per round (ms): {[r['p99_ms'] for r in rounds]}")
+    else:
+        unlimited = str(10**9)
+        for name, extra, queue_full in (("lane on (defaults)", [], True),
+                                        ("lane and cost limit off", ["--long-request-tokens", unlimited,
+                                                                     "--max-request-tokens", unlimited], False)):
+            results["servers"].append(measure(args.artifact, args.variant, name, extra, args.port, queue_full))
+        print(json.dumps(results, indent=1))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
 
