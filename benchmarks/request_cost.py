@@ -36,15 +36,16 @@ from processes import cpu_seconds, memory_mb, start_bertzoo
 from timing import machine
 
 from bertzoo.serving.client import AsyncBertzooClient, BertzooClient, channel_options
+from bertzoo.serving.config import ServeConfig
 from bertzoo.serving.proto import pb2
 
 SMALL = "a gripping, funny and moving film."
 WORST = ("what is it?", "a " * 10000)
 COSTLY = [("what is it?", "b " * 10000)] * 8
-# The flood's requests are as large as --max-items allows: each is a batch of its own, so the queue drains one request
-# per batch and the retrying clients refill it at once: the probe finds it full (with 8 sentences a request, a batch
-# took the whole queue at once and the probe found room about half the time).
-FLOOD_TEXTS = 64
+# The flood's requests are as large as the server's default --max-items allows: each is a batch of its own, so the
+# queue drains one request per batch and the retrying clients refill it at once: the probe finds it full (with 8
+# sentences a request, a batch took the whole queue at once and the probe found room about half the time).
+FLOOD_TEXTS = ServeConfig.max_items
 
 
 def start_server(artifact: str, variant: str, port: int, *extra: str) -> subprocess.Popen:
