@@ -11,7 +11,8 @@
 
 Methods return the protobuf responses of protos/bertzoo/v1/bertzoo.proto; errors raise ``grpc.RpcError`` with the
 server's status code and message (``error.code()``, ``error.details()``). Channels get :func:`channel_options`:
-gRPC's own retries with backoff for UNAVAILABLE and RESOURCE_EXHAUSTED (a restarting replica, a full queue),
+gRPC's own retries with backoff for UNAVAILABLE, RESOURCE_EXHAUSTED and CANCELLED (a restarting replica, a full
+queue, a call caught by a replica's shutdown),
 keepalive pings, and no 4 MiB cap on what is sent. TLS can carry a client certificate (mTLS).
 """
 
@@ -31,12 +32,17 @@ from .proto import pb2, pb2_grpc
 PemSource = bytes | str | Path | None
 
 # gRPC retries a call itself (transparently to the caller, within its deadline) when the server answers UNAVAILABLE
-# (a replica starting or draining) or RESOURCE_EXHAUSTED (its queue full), with exponential backoff and jitter.
-# Health checks are not retried: a probe must report what it saw.
+# (a replica starting or draining), RESOURCE_EXHAUSTED (its queue full) or CANCELLED, with exponential backoff and
+# jitter. A server answers CANCELLED only while it shuts down: gRPC core cancels a call that reaches a replica in the
+# instant its drain starts (accepted by the connection's GOAWAY handshake, then dropped by the stopping server; a
+# proxy such as nginx passes that answer on and cannot retry it), and a replica cuts calls still running when its
+# --shutdown-grace ends. Every bertzoo RPC is a pure function of its request, so another replica may answer it. A
+# call this client cancels itself ends at once and is never retried. Health checks are not retried: a probe must
+# report what it saw.
 RETRY_SERVICE_CONFIG = {"methodConfig": [{
     "name": [{"service": "bertzoo.v1.Bertzoo"}],
     "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "2s", "backoffMultiplier": 2,
-                    "retryableStatusCodes": ["UNAVAILABLE", "RESOURCE_EXHAUSTED"]},
+                    "retryableStatusCodes": ["UNAVAILABLE", "RESOURCE_EXHAUSTED", "CANCELLED"]},
 }]}
 
 

@@ -1,4 +1,5 @@
-"""The Python clients: asyncio next to sync, gRPC's retries for UNAVAILABLE and RESOURCE_EXHAUSTED, mTLS."""
+"""The Python clients: asyncio next to sync, gRPC's retries for UNAVAILABLE, RESOURCE_EXHAUSTED and a
+server's CANCELLED, mTLS."""
 
 from __future__ import annotations
 
@@ -52,8 +53,9 @@ class Flaky(pb2_grpc.BertzooServicer):
         return pb2.SentimentResponse(results=[pb2.SentimentResult(label="neutral")])
 
 
-@pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED])
-def test_the_client_retries_a_restarting_or_full_server_with_backoff(code):
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                  grpc.StatusCode.CANCELLED])
+def test_the_client_retries_a_restarting_full_or_stopping_server_with_backoff(code):
     flaky = Flaky(failures=2, code=code)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     pb2_grpc.add_BertzooServicer_to_server(flaky, server)
