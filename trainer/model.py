@@ -116,7 +116,8 @@ class SelfAttention(nn.Module):
         q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
         dropout_p = self.dropout_p if self.training else 0.0
         if self.function == "softmax" and not output_attentions:
-            # The fused kernel: same math, less memory, faster on CPU and GPU.
+            # PyTorch's SDPA: a fused kernel where one applies (on the CPU not with dropout, so training runs its
+            # math path), the same math in any case.
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=dropout_p)
             probs = None
         else:
