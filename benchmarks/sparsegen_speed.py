@@ -1,7 +1,7 @@
 """sparsegen-lin against softmax, side by side in one run: the probability function alone (forward + backward), the
 whole MiniLM-sized encoder forward, and a training step (the encoder's forward and backward, dropout on) with SSAF's
 bisection eager and as the native CPU kernel (trainer/sparsegen_cpu.cc), as ratios to softmax.
-``python benchmarks/sparsegen_speed.py [--steps-only] [--rounds N]``"""
+``python benchmarks/sparsegen_speed.py [--steps-only] [--rounds N] [--profile]``"""
 
 from __future__ import annotations
 
@@ -98,6 +98,28 @@ def training_steps(b: int, t: int, rounds: int = 15) -> None:
               f"(rounds: {min(ratios):.2f}-{max(ratios):.2f})")
 
 
+def profile_steps(b: int, t: int, steps: int = 4) -> None:
+    """Where a training step's time goes, softmax against SSAF (native kernel): torch.profiler's self time per op,
+    per step, the ops that differ most first."""
+    ids = torch.randint(1000, 30000, (b, t))
+    mask = torch.ones(b, t, dtype=torch.long)
+    mask[: b // 2, t * 3 // 4:] = 0
+    per_op: dict[str, dict[str, float]] = {}
+    for name, overrides in (("softmax", {}), ("SSAF", {"attention": "sparsegen_lin", "sparsegen_lambda": -3.0})):
+        torch.manual_seed(0)
+        encoder = Encoder(EncoderConfig(**overrides)).train()
+        for _ in range(2):
+            encoder(ids, mask).last_hidden_state.pow(2).mean().backward()
+        with torch.profiler.profile() as profiler:
+            for _ in range(steps):
+                encoder(ids, mask).last_hidden_state.pow(2).mean().backward()
+        per_op[name] = {e.key: e.self_cpu_time_total / 1000 / steps for e in profiler.key_averages()}
+    soft, ssaf = per_op["softmax"], per_op["SSAF"]
+    print(f"profile b{b}/s{t}, ms per step: softmax {sum(soft.values()):.1f}, SSAF {sum(ssaf.values()):.1f}")
+    for op in sorted(set(soft) | set(ssaf), key=lambda k: -abs(ssaf.get(k, 0) - soft.get(k, 0)))[:12]:
+        print(f"  {op[:52]:<52} softmax {soft.get(op, 0):7.1f}  SSAF {ssaf.get(op, 0):7.1f}")
+
+
 def _none(*_args):
     return None
 
@@ -106,9 +128,13 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps-only", action="store_true", help="only the training steps")
     parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds of training steps per shape")
+    parser.add_argument("--profile", action="store_true", help="only a per-op profile of the b8/s128 step")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {machine()}; native kernel: "
           f"{sparsegen_native.available() or sparsegen_native.unavailable_reason()}")
+    if args.profile:
+        profile_steps(8, 128)
+        raise SystemExit(0)
     for b, t in ((16, 64), (8, 128)):
         training_steps(b, t, args.rounds)
     if not args.steps_only:
