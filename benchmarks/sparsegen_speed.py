@@ -59,17 +59,23 @@ def encoders(b: int, t: int) -> None:
 
 # PyTorch's SDPA, which on the CPU runs its math path (probabilities materialized, as SSAF's) when dropout is on.
 SOFTMAX_TRAINING = "softmax (sdpa, math path)"
+SSAF = {"attention": "sparsegen_lin", "sparsegen_lambda": -3.0, "sparsegen_impl": "bisect"}
+
+
+def padded_batch(b: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random token ids and an attention mask with a quarter of the keys padded in half the rows, as in real batches."""
+    ids = torch.randint(1000, 30000, (b, t))
+    mask = torch.ones(b, t, dtype=torch.long)
+    mask[: b // 2, t * 3 // 4:] = 0
+    return ids, mask
 
 
 def training_steps(b: int, t: int, rounds: int = 15) -> None:
     """One training step (forward + backward, dropout on) per variant per round, the variants interleaved; the ratio
     to softmax is taken within each round, then its median and range are reported."""
-    ids = torch.randint(1000, 30000, (b, t))
-    mask = torch.ones(b, t, dtype=torch.long)
-    mask[: b // 2, t * 3 // 4:] = 0  # some padding, as in real batches
-    ssaf = {"attention": "sparsegen_lin", "sparsegen_lambda": -3.0, "sparsegen_impl": "bisect"}
-    variants = {SOFTMAX_TRAINING: ({}, True), "SSAF bisect, eager": (ssaf, False),
-                "SSAF bisect, native kernel": (ssaf, True)}
+    ids, mask = padded_batch(b, t)
+    variants = {SOFTMAX_TRAINING: ({}, True), "SSAF bisect, eager": (SSAF, False),
+                "SSAF bisect, native kernel": (SSAF, True)}
     encoders = {}
     for name, (overrides, _) in variants.items():
         torch.manual_seed(0)
@@ -101,11 +107,9 @@ def training_steps(b: int, t: int, rounds: int = 15) -> None:
 def profile_steps(b: int, t: int, steps: int = 4) -> None:
     """Where a training step's time goes, softmax against SSAF (native kernel): torch.profiler's self time per op,
     per step, the ops that differ most first."""
-    ids = torch.randint(1000, 30000, (b, t))
-    mask = torch.ones(b, t, dtype=torch.long)
-    mask[: b // 2, t * 3 // 4:] = 0
+    ids, mask = padded_batch(b, t)
     per_op: dict[str, dict[str, float]] = {}
-    for name, overrides in (("softmax", {}), ("SSAF", {"attention": "sparsegen_lin", "sparsegen_lambda": -3.0})):
+    for name, overrides in (("softmax", {}), ("SSAF", SSAF)):
         torch.manual_seed(0)
         encoder = Encoder(EncoderConfig(**overrides)).train()
         for _ in range(2):
