@@ -7,10 +7,12 @@ A claim is a setting (tasks, budget) and arms (the baseline and the paper's syst
 Every (claim, arm, seed) trains in its own child process into ``OUT/<claim>/<arm>/seed<k>``. When it finishes, its
 final dev metrics go to ``RESULTS/<claim>/<arm>/seed<k>.json`` (``--results``, by default the committed
 ``benchmarks/results/zoo_claims``; ``seconds`` there is the run's wall time, including the pre-training it started
-with, if any): a run with a result is never trained again, a run that was killed continues with
-``--resume``, so one sweep can be spread over several sessions and machines. The report gives, per arm, the mean dev
-score with a 95% t-interval over seeds, and the difference to the baseline with the interval of that difference
-(Welch), which is what says "confirmed" (interval above 0), "refuted" (interval below 0) or "unresolved" (it straddles 0).
+with, if any): a run with a result is never trained again, a run that was killed continues with ``--resume``, so one
+sweep can be spread over several sessions and machines. A run that another claim already finished (the same options
+but the seed: the baselines of claims in one setting) shares that result, marked ``same_run_as``. The report gives,
+per arm, the mean dev score with a 95% t-interval over seeds, and the difference to the baseline with the interval of
+that difference (Welch), which is what says "confirmed" (interval above 0), "refuted" (interval below 0) or
+"unresolved" (it straddles 0).
 
 Attention guidance's claim (paper 003) is about pre-training: its arms first pre-train a small BERT from scratch
 with ``bertzoo pretrain`` (plain MLM, or MLM + AG, same seed, budget and corpus) into ``OUT/ag_pretrain/<arm>/seed<k>``,
@@ -153,6 +155,26 @@ def train(bertzoo: str, name: str, arm: str, seed: int, out: Path, result: Path,
     print(f"  {time.perf_counter() - started:.0f} s", flush=True)
 
 
+def run_options(name: str, arm: str) -> tuple:
+    """Everything that decides what a (claim, arm) run trains, but the seed: two claims whose baselines are the same
+    run (ssaf_sst5 and ssa_sst5; ssa_multitask and cross_pool_dtp) share its result rather than train it twice."""
+    claim = CLAIMS[name]
+    pretraining = claim.pretraining
+    before = () if pretraining is None else (pretraining.name, pretraining.options, pretraining.arms[arm])
+    return before, claim.options, claim.arms[arm]
+
+
+def twin_result(results: Path, name: str, arm: str, seed: int) -> Path | None:
+    """The finished result of the same run under another claim, if there is one."""
+    for other, claim in CLAIMS.items():
+        for other_arm in claim.arms:
+            twin = results / other / other_arm / f"seed{seed}.json"
+            if ((other, other_arm) != (name, arm) and run_options(other, other_arm) == run_options(name, arm)
+                    and final_dev(twin) is not None):
+                return twin
+    return None
+
+
 def mean_ci(values: list[float]) -> tuple[float, float, float]:
     """Mean, sample variance, half-width of the 95% t-interval."""
     n = len(values)
@@ -223,7 +245,15 @@ def main() -> None:
                     if args.arms and arm not in args.arms.split(","):
                         continue
                     result = results / name / arm / f"seed{seed}.json"
-                    if final_dev(result) is None:
+                    if final_dev(result) is not None:
+                        continue
+                    twin = twin_result(results, name, arm, seed)
+                    if twin is not None:
+                        print(f"{name}/{arm}/seed{seed}: the same run as {twin.relative_to(results)}, result shared")
+                        shared = {**final_dev(twin), "same_run_as": str(twin.relative_to(results).with_suffix(""))}
+                        result.parent.mkdir(parents=True, exist_ok=True)
+                        atomic_write_text(result, json.dumps(shared, indent=1) + "\n")
+                    else:
                         train(bertzoo, name, arm, seed, out, result, args.data)
     print("\n".join(report(results, names)))
 

@@ -57,3 +57,14 @@ def test_attention_guidance_claims_fine_tune_one_shared_pre_training_per_arm(zoo
     assert set(sst2.arms) == set(stsb.arms) == set(sst2.pretraining.arms) == {"baseline", "ag"}
     assert sst2.pretraining.arms["baseline"] == () and "--ag-weight" in sst2.pretraining.arms["ag"]
     assert "--random-init" in sst2.pretraining.options  # the paper's claim is about pre-training from scratch
+
+
+def test_a_baseline_two_claims_share_is_trained_once(zoo_claims, tmp_path):
+    write(tmp_path, "ssaf_sst5", "baseline", [0.49, 0.50])
+    twin = zoo_claims.twin_result(tmp_path, "ssa_sst5", "baseline", 1)
+    assert twin == tmp_path / "ssaf_sst5" / "baseline" / "seed1.json"
+    assert zoo_claims.twin_result(tmp_path, "ssa_sst5", "baseline", 2) is None  # that seed has not run
+    assert zoo_claims.twin_result(tmp_path, "ssa_sst5", "ssa", 0) is None  # the paper's arm is its own run
+    write(tmp_path, "ag_sst2", "baseline", [0.80])
+    assert zoo_claims.twin_result(tmp_path, "ag_sst2", "ag", 0) is None  # same fine-tuning, other pre-training
+    assert zoo_claims.twin_result(tmp_path, "ag_stsb", "baseline", 0) is None  # same pre-training, other task

@@ -36,14 +36,14 @@ def _library() -> ctypes.CDLL | None:
         _reason = "disabled by BERTZOO_SPARSEGEN_NATIVE=0"
         return None
     try:
-        lib = ctypes.CDLL(str(native.cached_library(SOURCE, LIBRARY_NAME, "sparsegen_cpu", ["-pthread"])))
+        lib = ctypes.CDLL(str(native.cached_library(SOURCE, LIBRARY_NAME, "sparsegen_cpu", ["-fopenmp"])))
     except (native.BuildError, OSError) as e:
         _reason = str(e)
         log.warning("sparsegen-lin: the native CPU kernel is not used (%s); training runs the eager code", _reason)
         return None
     i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
-    lib.bertzoo_sparsegen_forward.argtypes = [ptr, ptr, ptr, i64, i64, i64, f32, ctypes.c_int]
-    lib.bertzoo_sparsegen_backward.argtypes = [ptr, ptr, ptr, i64, i64, f32, ctypes.c_int]
+    lib.bertzoo_sparsegen_forward.argtypes = [ptr, ptr, ptr, i64, i64, i64, f32]
+    lib.bertzoo_sparsegen_backward.argtypes = [ptr, ptr, ptr, i64, i64, f32]
     return lib
 
 
@@ -79,8 +79,7 @@ def forward(scores: Tensor, mask: Tensor | None, lam: float) -> Tensor | None:
     out = torch.empty_like(scores)
     keys = scores.shape[-1]
     lib.bertzoo_sparsegen_forward(scores.data_ptr(), None if key_mask is None else key_mask.data_ptr(),
-                                  out.data_ptr(), scores.numel() // keys, keys, rows_per_mask, 1.0 / (1.0 - lam),
-                                  torch.get_num_threads())
+                                  out.data_ptr(), scores.numel() // keys, keys, rows_per_mask, 1.0 / (1.0 - lam))
     return out
 
 
@@ -94,5 +93,5 @@ def backward(probs: Tensor, grad_probs: Tensor, lam: float) -> Tensor | None:
     out = torch.empty_like(probs)
     keys = probs.shape[-1]
     lib.bertzoo_sparsegen_backward(probs.data_ptr(), grad_probs.data_ptr(), out.data_ptr(), probs.numel() // keys,
-                                   keys, 1.0 / (1.0 - lam), torch.get_num_threads())
+                                   keys, 1.0 / (1.0 - lam))
     return out
