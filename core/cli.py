@@ -130,6 +130,8 @@ def main(verbose: bool) -> None:
 @click.option("--batch-size", type=int, default=None)
 @click.option("--batch-tokens", type=int, default=None,
               help="Length-grouped batches of up to this many padded tokens (never below --batch-size items).")
+@click.option("--batch-tokens-tasks", default=None, callback=lambda _ctx, _param, v: _parse_tasks(v) if v else None,
+              help="Comma-separated tasks that --batch-tokens applies to [default: all]; the others keep --batch-size.")
 @click.option("--lr", type=float, default=None)
 @click.option("--head-lr", type=float, default=None)
 @click.option("--lr-layer-decay", type=float, default=None,

@@ -143,3 +143,11 @@ def test_a_truncated_trainer_state_names_the_checkpoint(tmp_path, tiny_artifact)
     state.write_bytes(state.read_bytes()[:100])
     result = run_cli("train", "--out", str(copy), "--resume", "--max-steps", "6", "--no-progress")
     assert_one_line_error(result, "its trainer state", "truncated or corrupt", "resume from another checkpoint")
+
+
+def test_train_batch_tokens_tasks_names_the_option(tmp_path):
+    result = run_cli("train", "--out", str(tmp_path / "run"), "--batch-tokens", "512", "--batch-tokens-tasks", "sst")
+    assert_one_line_error(result, "--batch-tokens-tasks", "unknown task(s) ['sst']", code=2)
+    result = run_cli("train", "--out", str(tmp_path / "run"), "--batch-tokens-tasks", "qa")
+    assert_one_line_error(result, "batch_tokens_tasks ['qa'] needs batch_tokens", code=2)
+    assert not (tmp_path / "run").exists()

@@ -172,6 +172,24 @@ def test_layer_wise_lr_decay_scales_each_encoder_layer_and_leaves_heads_alone(ti
         tiny_train_config(lr_layer_decay=0.0)
 
 
+def test_batch_tokens_tasks_group_only_the_tasks_named(tiny_train_config, tmp_path):
+    # 24 items per task, batches of 4: 6 batches a pass. A 10,000-token budget takes a task's whole pass in 1 batch.
+    def epoch_steps(**options) -> int:
+        config = tiny_train_config(tasks=("sentiment", "paraphrase"), epochs=1, eval_every_epoch=False,
+                                   batch_tokens=10_000, out_dir=str(tmp_path / str(len(options))), **options)
+        train_module.train(config)
+        records = (Path(config.out_dir) / "train_log.jsonl").read_text().splitlines()
+        return [json.loads(line) for line in records if "loss" in json.loads(line)][-1]["step"]
+
+    assert epoch_steps() == 1 + 1
+    assert epoch_steps(batch_tokens_tasks=("sentiment",)) == 1 + 6  # paraphrase keeps batches of 4
+    assert tiny_train_config(batch_tokens=64, batch_tokens_tasks=["qa"]).batch_tokens_of("sentiment") is None
+    with pytest.raises(ValueError, match="batch_tokens_tasks"):
+        tiny_train_config(batch_tokens_tasks=("sentiment",))  # no batch_tokens
+    with pytest.raises(ValueError, match="batch_tokens_tasks"):
+        tiny_train_config(tasks=("sentiment",), batch_tokens=64, batch_tokens_tasks=("qa",))  # not trained
+
+
 def test_task_weights_scale_a_tasks_share_of_steps_and_the_epoch(tiny_train_config):
     # 24 items in batches of 4: 6 batches a pass per task; sentiment weighted 0.25 -> an epoch of 1.5 + 6 = 8 steps
     config = tiny_train_config(tasks=("sentiment", "paraphrase"), epochs=2, eval_every_epoch=False,

@@ -62,6 +62,7 @@ class TrainConfig:
     # Length-grouped batches grown to this many padded tokens per process, never below batch_size (None: fixed
     # batches of random items). Less padding, and short items travel many to a step (trainer/batches.py).
     batch_tokens: int | None = None
+    batch_tokens_tasks: tuple = ()  # the tasks batched by batch_tokens (empty: all); the others keep batch_size items
     lr: float = 5e-5
     head_lr: float = 1e-3  # freshly initialised heads learn faster than the pretrained encoder
     lr_layer_decay: float = 1.0  # layer-wise lr decay: each encoder layer at this times the rate of the one above
@@ -124,6 +125,10 @@ class TrainConfig:
             raise ValueError(f"lr_layer_decay must be in (0, 1] (1: off), got {self.lr_layer_decay}")
         if self.batch_tokens is not None and self.batch_tokens < 1:
             raise ValueError(f"batch_tokens must be >= 1, got {self.batch_tokens}")
+        if self.batch_tokens_tasks and (self.batch_tokens is None
+                                        or not set(self.batch_tokens_tasks) <= set(self.tasks)):
+            raise ValueError(f"batch_tokens_tasks {list(self.batch_tokens_tasks)} needs batch_tokens and trained tasks "
+                             f"({', '.join(self.tasks)})")
         if self.sst_phrases is not None and (self.sentiment_dataset != "sst5" or "sentiment" not in self.tasks):
             raise ValueError(f"sst_phrases (--sst-phrases) has SST-5 labels: it needs the sentiment task with "
                              f"sentiment_dataset sst5, not {self.sentiment_dataset!r}")
@@ -164,6 +169,10 @@ class TrainConfig:
     @property
     def limits(self) -> Limits:
         return Limits(self.max_seq_length, self.qa_max_length, self.qa_doc_stride)
+
+    def batch_tokens_of(self, task: str) -> int | None:
+        """The token budget of ``task``'s length-grouped batches, None for fixed batches of batch_size."""
+        return self.batch_tokens if not self.batch_tokens_tasks or task in self.batch_tokens_tasks else None
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -181,7 +181,7 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
     dev_splits = load_splits(config, "dev", config.eval_limit_per_task) if config.eval_every_epoch else {}
     streams = {
         task: TaskStream(task, build_features(task, examples, tokenizer, limits), config.batch_size, config.seed,
-                         env.rank, env.world_size, config.batch_tokens)
+                         env.rank, env.world_size, config.batch_tokens_of(task))
         for task, examples in train_splits.items()
     }
     tasks = list(streams)
