@@ -146,8 +146,9 @@ def train(bertzoo: str, name: str, arm: str, seed: int, out: Path, result: Path,
         backbone = ["--backbone", str(path)]
     run = out / name / arm / f"seed{seed}"
     resume = ["--resume"] if (run / "LATEST").exists() else []
+    # Checkpoints every 10 minutes too (atomic; a resumed run is bit-identical), so a session's end costs little.
     run_logged([bertzoo, "train", "--data", data, "--out", str(run), "--seed", str(seed), "--no-progress",
-                *backbone, *claim.options, *claim.arms[arm], *resume], run)
+                "--save-every-minutes", "10", *backbone, *claim.options, *claim.arms[arm], *resume], run)
     dev = [r["dev"] for r in log_records(run) if "dev" in r][-1]  # the evaluation after the last step
     result.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(result, json.dumps({**dev, **extra, "seconds": round(time.perf_counter() - started)},
