@@ -12,7 +12,8 @@
 Methods return the protobuf responses of protos/bertzoo/v1/bertzoo.proto; errors raise ``grpc.RpcError`` with the
 server's status code and message (``error.code()``, ``error.details()``). Channels get :func:`channel_options`:
 gRPC's own retries with backoff for UNAVAILABLE, RESOURCE_EXHAUSTED and CANCELLED (a restarting replica, a full
-queue, a call caught by a replica's shutdown), keepalive pings, and no 4 MiB cap on what is sent. TLS can carry a client certificate (mTLS).
+queue, a call caught by a replica's shutdown), keepalive pings, and no 4 MiB cap on what is sent. TLS can carry a
+client certificate (mTLS).
 """
 
 from __future__ import annotations

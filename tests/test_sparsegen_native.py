@@ -62,3 +62,28 @@ def test_the_native_kernel_is_used_only_where_it_applies(monkeypatch):
     sparsegen_lin(scores.double(), mask, -1.0, "bisect")  # float64 (gradcheck): eager
     sparsegen_lin(scores, mask[:, :, :, :1].expand(2, 1, 9, 9).contiguous(), -1.0, "bisect")  # another mask shape
     assert calls == [True, False, False]
+
+
+def test_a_compiler_without_openmp_gives_a_one_thread_kernel_with_the_same_results(monkeypatch, tmp_path):
+    from bertzoo import native
+
+    real = native.cached_library
+    flags_tried = []
+
+    def no_openmp(source, name, kind, flags=(), key_extra=b""):
+        flags_tried.append(list(flags))
+        if "-fopenmp" in flags:
+            raise native.BuildError("unsupported option '-fopenmp'")
+        return real(source, name, kind, flags, key_extra)
+
+    scores, mask = _case(2, 4, 128, 5)  # 1,024 rows: the parallel path where OpenMP exists
+    expected = sparsegen_native.forward(scores, mask, -3.0)  # the OpenMP build
+    monkeypatch.setenv("BERTZOO_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "cached_library", no_openmp)
+    sparsegen_native._library.cache_clear()
+    try:
+        assert sparsegen_native.available()
+        assert torch.equal(sparsegen_native.forward(scores, mask, -3.0), expected)  # rows are independent
+    finally:
+        sparsegen_native._library.cache_clear()  # later tests load the OpenMP build again
+    assert flags_tried == [["-fopenmp"], []]

@@ -1,9 +1,10 @@
 """sparsegen-lin's forward and backward as one native pass per row on the CPU (``sparsegen_cpu.cc``), for training.
 
 Built on first use with the system C++ compiler into the user's cache (``bertzoo.native``) and called through ctypes
-on the tensors' memory: no torch headers, no build step at install. Where it cannot be had (no compiler, or
-``BERTZOO_SPARSEGEN_NATIVE=0``) the functions here return None and sparsegen-lin stays on the eager PyTorch code,
-which gives the same result (tests/test_sparsegen_native.py); the reason is logged once.
+on the tensors' memory: no torch headers, no build step at install. Built with OpenMP, its rows run on the OpenMP
+threads torch already uses (the .cc says why); a compiler without OpenMP gives a one-thread build. Where it cannot be
+had (no compiler, or ``BERTZOO_SPARSEGEN_NATIVE=0``) the functions here return None and sparsegen-lin stays on the
+eager PyTorch code, which gives the same result (tests/test_sparsegen_native.py); the reason is logged once.
 
 Takes float32 scores on the CPU with the encoder's key mask ([batch, 1, 1, keys], or none); anything else (another
 dtype or device, another mask shape) is left to the eager code too.
@@ -36,7 +37,13 @@ def _library() -> ctypes.CDLL | None:
         _reason = "disabled by BERTZOO_SPARSEGEN_NATIVE=0"
         return None
     try:
-        lib = ctypes.CDLL(str(native.cached_library(SOURCE, LIBRARY_NAME, "sparsegen_cpu", ["-fopenmp"])))
+        try:
+            path = native.cached_library(SOURCE, LIBRARY_NAME, "sparsegen_cpu", ["-fopenmp"])
+        except native.BuildError as openmp_error:  # a compiler without OpenMP (Apple clang): the caller's thread only
+            path = native.cached_library(SOURCE, LIBRARY_NAME, "sparsegen_cpu")
+            log.warning("sparsegen-lin: the native CPU kernel runs on one thread (the OpenMP build failed: %s)",
+                        str(openmp_error).splitlines()[0])
+        lib = ctypes.CDLL(str(path))
     except (native.BuildError, OSError) as e:
         _reason = str(e)
         log.warning("sparsegen-lin: the native CPU kernel is not used (%s); training runs the eager code", _reason)
