@@ -1,0 +1,238 @@
+"""``bertzoo serve``, ``bertzoo client`` and ``bertzoo bench-serve``: the server and the commands that call one.
+They import the serving package only when they run, so ``bertzoo --help`` stays fast."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+import click
+
+SERVE_TASKS = ("sentiment", "paraphrase", "similarity", "qa", "embed")
+
+
+def _serve_option(*decls: str, name: str, **kwargs):
+    """A `serve` option whose default is ServeConfig's (or BatchSettings') and which BERTZOO_<NAME> also sets."""
+    from bertzoo.serving.config import BatchSettings, ServeConfig
+
+    fields = {**BatchSettings.__dataclass_fields__, **ServeConfig.__dataclass_fields__}
+    if "default" not in kwargs and name in fields:
+        kwargs["default"] = fields[name].default
+    return click.option(*decls, name, envvar=f"BERTZOO_{name.upper()}", show_envvar=True, **kwargs)
+
+
+@click.command()
+@click.argument("model_dir", type=click.Path(exists=True, file_okay=False), envvar="BERTZOO_MODEL_DIR")
+@_serve_option("--backend", name="backend", type=click.Choice(["onnxruntime", "torch", "tensorrt", "openvino"]),
+               help="onnxruntime: MODEL_DIR is a `bertzoo export` artifact; openvino: the same artifact on OpenVINO "
+                    "(CPU; pip install 'bertzoo[openvino]'); tensorrt: an artifact exported with --trt (needs --device "
+                    "cuda); torch: a checkpoint or run directory (the PyTorch reference backend).")
+@_serve_option("--device", name="device", type=click.Choice(["cpu", "cuda"]),
+               help="cuda: the first visible NVIDIA GPU (onnxruntime needs the onnxruntime-gpu package).")
+@_serve_option("--precision", name="precision", type=click.Choice(["auto", "fp32", "fp16", "bf16"]),
+               help="torch: what the encoder computes in, auto = fp16 on cuda, fp32 on cpu; openvino: fp32 or bf16, "
+                    "auto = bf16 where the CPU has native bf16 (AVX-512 BF16, AMX), else fp32.")
+@_serve_option("--openvino-cache-dir", name="openvino_cache_dir", type=click.Path(file_okay=False),
+               help="openvino: where compiled models are cached, so a restart does not compile again "
+                    "[default: ~/.cache/bertzoo/openvino].")
+@_serve_option("--cuda-graphs/--no-cuda-graphs", name="cuda_graphs",
+               help="torch backend on cuda: replay the encoder as one captured CUDA graph per batch shape.")
+@_serve_option("--variant", name="variant", type=click.Choice(["fp32", "optimized", "int8"]),
+               help="The artifact's encoder variant (onnxruntime).")
+@_serve_option("--threads", name="threads", type=int, help="Backend intra-op threads [default: all cores].")
+@_serve_option("--ort-spinning/--no-ort-spinning", name="ort_spinning",
+               help="ONNX Runtime threads spin between ops: lower latency, busier idle CPU.")
+@_serve_option("--host", name="host", help="Address the gRPC port binds to.")
+@_serve_option("--port", name="port", type=int, help="gRPC port.")
+@_serve_option("--metrics-host", name="metrics_host", help="Address of the metrics endpoint (local by default).")
+@_serve_option("--metrics-port", name="metrics_port", type=int, help="Prometheus /metrics port; 0: none.")
+@_serve_option("--max-items", name="max_items", type=int, help="Items per request.")
+@_serve_option("--max-text-chars", name="max_text_chars", type=int,
+               help="Characters per text, QA contexts included; longer texts are rejected.")
+@_serve_option("--max-message-bytes", name="max_message_bytes", type=int,
+               help="Bytes per request message; larger ones are answered RESOURCE_EXHAUSTED and counted [default: "
+                    "room for --max-items pairs of --max-text-chars 4-byte characters].")
+@_serve_option("--max-request-tokens", name="max_request_tokens", type=int,
+               help="Encoder tokens per request (every sentence and QA window); costlier requests are refused with "
+                    "INVALID_ARGUMENT.")
+@_serve_option("--instances", name="instances", type=int,
+               help="Engine instances running batches side by side (CPU engines), the --threads shared out among "
+                    "them; 2 on a small machine lets two batches run while the other waits for nothing.")
+@_serve_option("--long-request-tokens", name="long_request_tokens", type=int,
+               help="Requests costing more encoder tokens than this run in the long-request lane, at low CPU "
+                    "priority, so short requests are not held behind them.")
+@_serve_option("--overlong", name="overlong", type=click.Choice(["truncate", "reject"]),
+               help="A sentence over the model's max_seq_length tokens (or a question over qa_max_question_tokens): "
+                    "truncate it as training did, or reject the request with INVALID_ARGUMENT.")
+@_serve_option("--max-batch-size", name="max_batch_size", type=int, help="Sequences per encoder batch.")
+@_serve_option("--max-batch-tokens", name="max_batch_tokens", type=int,
+               help="Padded tokens (sequences x length bucket) per encoder batch.")
+@_serve_option("--max-queue", name="max_queue", type=int,
+               help="Requests waiting for the model; more are answered RESOURCE_EXHAUSTED.")
+@_serve_option("--max-queue-delay-ms", name="max_queue_delay_ms", type=float,
+               help="How long an idle model waits to fill a batch; 0: never.")
+@_serve_option("--pad-to", name="pad_to", type=click.Choice(["longest", "bucket"]), default=None,
+               help="Pad a batch to its longest sequence (least compute on CPU) or to its length bucket (fixed shapes) "
+                    "[default: bucket on a GPU, where engines and CUDA graphs want few shapes; longest on the CPU].")
+@_serve_option("--tls-cert", name="tls_cert", type=click.Path(exists=True, dir_okay=False),
+               help="PEM certificate (chain); with --tls-key the server speaks TLS only.")
+@_serve_option("--tls-key", name="tls_key", type=click.Path(exists=True, dir_okay=False), help="PEM private key.")
+@_serve_option("--verify-key", name="verify_key", type=click.Path(exists=True, dir_okay=False),
+               help="Ed25519 public key (PEM): serve only an artifact whose manifest it signed (export --sign-key).")
+@_serve_option("--tls-client-ca", name="tls_client_ca", type=click.Path(exists=True, dir_okay=False),
+               help="PEM CA bundle: require a client certificate it signed (mTLS).")
+@_serve_option("--auth-token", name="auth_token",
+               help="Require 'authorization: Bearer <token>' on every call but health checks. Prefer the environment "
+                    "variable or --auth-token-file: a command line is visible to other users.")
+@click.option("--auth-token-file", type=click.Path(exists=True, dir_okay=False), envvar="BERTZOO_AUTH_TOKEN_FILE",
+              show_envvar=True, help="Read the token from this file.")
+@_serve_option("--shutdown-grace", name="shutdown_grace", type=float,
+               help="Seconds accepted requests get to finish after SIGTERM.")
+@_serve_option("--tokenize-threads", name="tokenize_threads", type=int, help="Tokenizer threads.")
+@_serve_option("--warmup/--no-warmup", name="warmup", help="Run every length bucket once before reporting SERVING.")
+def serve(auth_token_file: str | None, max_batch_size: int, max_batch_tokens: int, max_queue: int,
+          max_queue_delay_ms: float, pad_to: str, **options) -> None:
+    """Serve MODEL_DIR over gRPC (bertzoo.v1.Bertzoo, health, reflection) until SIGTERM, with a dynamic batcher and
+    Prometheus metrics. Every option can also be set by the environment variable shown."""
+    import asyncio
+
+    from bertzoo.artifact import ArtifactError
+    from bertzoo.serving.backends import BackendUnavailable, check_available, check_model_dir
+    from bertzoo.serving.config import BatchSettings, ServeConfig
+    from bertzoo.serving.grpc_server import serve as run_server
+
+    if auth_token_file:
+        options["auth_token"] = Path(auth_token_file).read_text().strip()
+    if pad_to is None:
+        pad_to = "bucket" if options["device"] == "cuda" else "longest"
+    try:
+        batch = BatchSettings(max_batch_size, max_batch_tokens, max_queue, max_queue_delay_ms, pad_to)
+        config = ServeConfig(batch=batch, **options)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from e
+    try:
+        # Before the port is bound: one line naming what to install, or what MODEL_DIR should be.
+        check_available(config.backend, config.device)
+        check_model_dir(config.backend, config.model_dir, config.verify_key)
+        asyncio.run(run_server(config))
+    except (ArtifactError, BackendUnavailable, FileNotFoundError, OSError) as e:
+        raise click.ClickException(str(e)) from e
+
+
+def _client_options(command):
+    """The connection options of the commands that call a server, handed to the command as one ``connection`` dict
+    of BertzooClient's keyword arguments (and ``timeout``)."""
+
+    @functools.wraps(command)
+    def with_connection(*args, target: str, token: str | None, tls: bool, tls_ca: str | None,
+                        tls_client_cert: str | None, tls_client_key: str | None, **kwargs):
+        if (tls_client_cert is None) != (tls_client_key is None):
+            raise click.UsageError("--tls-client-cert and --tls-client-key go together")
+        connection = {"target": target, "token": token, "tls": tls or tls_client_cert is not None,
+                      "root_certificates": tls_ca, "certificate_chain": tls_client_cert, "private_key": tls_client_key}
+        return command(*args, connection=connection, **kwargs)
+
+    pem = click.Path(exists=True, dir_okay=False)
+    for decorator in (
+        click.option("--target", default="localhost:50051", envvar="BERTZOO_TARGET", show_envvar=True,
+                     help="Server address, host:port."),
+        click.option("--token", envvar="BERTZOO_AUTH_TOKEN", show_envvar=True,
+                     help="Bearer token, if the server wants one."),
+        click.option("--tls", is_flag=True, help="Connect with TLS (system root certificates)."),
+        click.option("--tls-ca", type=pem, help="Connect with TLS, trusting this PEM certificate (implies --tls)."),
+        click.option("--tls-client-cert", type=pem, envvar="BERTZOO_TLS_CLIENT_CERT", show_envvar=True,
+                     help="PEM client certificate, for servers that require one (mTLS; implies --tls)."),
+        click.option("--tls-client-key", type=pem, envvar="BERTZOO_TLS_CLIENT_KEY", show_envvar=True,
+                     help="PEM private key of --tls-client-cert."),
+        click.option("--timeout", type=float, default=30.0, help="Deadline per call, seconds."),
+    ):
+        with_connection = decorator(with_connection)
+    return with_connection
+
+
+@click.command("client")
+@click.argument("task", type=click.Choice([*SERVE_TASKS, "info", "health"]))
+@click.argument("texts", nargs=-1)
+@_client_options
+@click.option("--service", default="", help="health: the service to check (bertzoo.v1.Bertzoo); '' is the server.")
+@click.option("--wait", type=float, default=0.0,
+              help="health: check again until SERVING or this many seconds have passed (0: check once).")
+def client_command(task: str, texts: tuple[str, ...], connection: dict, timeout: float, service: str,
+                   wait: float) -> None:
+    """Call a bertzoo server and print the answer as JSON. sentiment / embed: TEXT...; paraphrase / similarity:
+    TEXT_A TEXT_B [TEXT_A TEXT_B ...]; qa: QUESTION CONTEXT; info; health.
+
+    health is a probe for scripts, containers and orchestrators: exit code 0 only when SERVING; 2 when the server
+    cannot be reached (or the deadline passed); 3 when the health RPC failed; 4 for any other status (NOT_SERVING while
+    loading or draining, SERVICE_UNKNOWN); 5 for a TLS or authorization failure. The reason goes to stderr."""
+    import grpc
+    from google.protobuf.json_format import MessageToDict
+
+    from bertzoo.serving.client import HEALTH_SERVING, BertzooClient, wait_for_health
+
+    if task == "health":
+        if wait < 0:
+            raise click.UsageError("--wait must be >= 0")
+        with BertzooClient(**connection, timeout=timeout) as client:
+            code, what = wait_for_health(client, service, wait=wait, timeout=min(timeout, 5.0) if wait else timeout)
+        if code == HEALTH_SERVING:
+            click.echo(json.dumps({"status": what}))
+        else:
+            click.echo(f"{connection['target']}: {what}", err=True)
+        sys.exit(code)
+
+    pairs = list(zip(texts[::2], texts[1::2], strict=False))
+    if task in ("sentiment", "embed") and not texts:
+        raise click.UsageError(f"{task} needs at least one TEXT")
+    if task in ("paraphrase", "similarity") and (not texts or len(texts) % 2):
+        raise click.UsageError(f"{task} takes TEXT_A TEXT_B pairs, got {len(texts)} texts")
+    if task == "qa" and len(texts) != 2:
+        raise click.UsageError(f"qa takes QUESTION CONTEXT, got {len(texts)} texts")
+    with BertzooClient(**connection, timeout=timeout) as client:
+        try:
+            calls = {"sentiment": lambda: client.sentiment(texts), "embed": lambda: client.embed(texts),
+                     "paraphrase": lambda: client.paraphrase(pairs), "similarity": lambda: client.similarity(pairs),
+                     "qa": lambda: client.qa(pairs), "info": client.model_info}
+            response = calls[task]()
+        except grpc.RpcError as e:
+            raise click.ClickException(f"{e.code().name}: {e.details()}") from e
+    shown = MessageToDict(response, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    click.echo(json.dumps(shown, indent=2, ensure_ascii=False))
+
+
+@click.command("bench-serve")
+@click.option("--task", type=click.Choice(SERVE_TASKS), default="sentiment")
+@click.option("--data", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Inputs: an SST dev file (ids-sst-dev.csv, or GLUE .tsv) for sentiment / embed, quora / sts .csv "
+                   "for the pair tasks, SQuAD .json for qa [default: the bundled dev sample].")
+@click.option("--concurrency", type=int, default=8, help="Concurrent clients, each with its own connection.")
+@click.option("--duration", type=float, default=10.0, help="Seconds to run (unless --requests).")
+@click.option("--requests", "request_count", type=int, default=None, help="Send this many requests, then stop.")
+@click.option("--items", type=int, default=1, help="Items per request.")
+@click.option("--json-out", type=click.Path(dir_okay=False), default=None, help="Also write the summary as JSON.")
+@_client_options
+def bench_serve(task: str, data: str | None, concurrency: int, duration: float, request_count: int | None, items: int,
+                json_out: str | None, connection: dict, timeout: float) -> None:
+    """Load-test a running server: N concurrent clients with real sentences; throughput, p50/p95/p99, errors."""
+    import asyncio
+
+    from bertzoo.serving.client import BertzooClient
+    from bertzoo.serving.load import format_report, load_items, run_load
+
+    if concurrency < 1 or items < 1:
+        raise click.UsageError("--concurrency and --items must be >= 1")
+    inputs = load_items(task, data)
+    with BertzooClient(**connection) as client:
+        try:
+            client.wait_ready(timeout=timeout)
+        except TimeoutError as e:
+            raise click.ClickException(str(e)) from e
+    report = asyncio.run(run_load(connection, task, inputs, concurrency=concurrency,
+                                  duration=None if request_count else duration, requests=request_count,
+                                  items_per_request=items, timeout=timeout, progress=True))
+    summary = report.summary()
+    click.echo(format_report(summary))
+    if json_out:
+        Path(json_out).write_text(json.dumps(summary, indent=2))
