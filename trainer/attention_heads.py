@@ -132,8 +132,10 @@ class CrossAttentionPairHead(nn.Module):
     Section 3.3: the first-token encodes are "further transformed by a linear layer" (H -> H for paraphrase, H -> 4H
     for STS, as Table 3's counts give) shared by the two sentences, and the output is "a dot multiplication between
     the two sentences' transformed encodes". Our choices where the paper stops there:
-    - paraphrase: the dot product divided by sqrt(width) is the logit (the scaling only keeps initial logits O(1);
-      a learned linear layer can absorb it, so it changes nothing the model can express);
+    - paraphrase: the dot product divided by sqrt(width) is the logit, with no bias, as the paper describes. The
+      scaling keeps the logits' spread O(1) (a learned linear layer can absorb it), but not their mean: any two
+      questions' first-token encodes start closely aligned, so the first logits are large and positive (on Quora the
+      first logged loss is about 2.7, against ln 2 for an unbiased start), which training has to undo;
     - similarity: the same dot product of the L2-normalised encodes, i.e. 5 * cosine, so the score is on the 0-5 scale
       like the baseline cosine head (negative values are clipped in post-processing, not here, and keep their
       gradient). With paper 001's negative-Pearson loss (``similarity_loss = "neg_pearson"``) only the ranking
