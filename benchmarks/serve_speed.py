@@ -7,7 +7,8 @@ ARTIFACT is a `bertzoo export --optimize --int8` output of CHECKPOINT. With --co
 sending one SST dev sentence per request, in this order:
 
 1. the machine: the peak rate of one large fp32 and int8 matrix product on these cores (benchmarks/ceiling.py);
-2. the in-process ceiling of each encoder variant (fp32, optimized, int8): the same ONNX Runtime backend and the same
+2. the in-process ceiling of each encoder variant (--variants: ONNX Runtime's fp32, optimized and int8 graphs, and
+   where OpenVINO is installed its fp32 and, on a CPU with native bf16, bf16): the same backend and the same
    pre- and post-processing the server runs, on every sentence in length-sorted batches of 64, no transport, for
    Sentiment and for Embed; the best of one engine on all threads and of one single-threaded engine per core running
    side by side (what `--instances` does);
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import resource
@@ -48,8 +50,27 @@ from bertzoo.data import SentenceExample
 from bertzoo.serving.load import load_items, run_load
 from bertzoo.serving.proto import pb2, pb2_grpc
 
-VARIANTS = ("fp32", "optimized", "int8")
 TASKS = ("sentiment", "embed")
+# A variant: its engine, that engine's create_backend arguments, the `bertzoo serve` flags that pick it, and the
+# precision whose matrix-product peak it is held against (bf16 against fp32's: no bf16 product is measured here).
+VARIANTS = {
+    "fp32": ("onnxruntime", {"variant": "fp32"}, ["--variant", "fp32"], "fp32"),
+    "optimized": ("onnxruntime", {"variant": "optimized"}, ["--variant", "optimized"], "fp32"),
+    "int8": ("onnxruntime", {"variant": "int8"}, ["--variant", "int8"], "int8"),
+    "openvino-fp32": ("openvino", {"precision": "fp32"}, ["--backend", "openvino", "--precision", "fp32"], "fp32"),
+    "openvino-bf16": ("openvino", {"precision": "bf16"}, ["--backend", "openvino", "--precision", "bf16"], "fp32"),
+}
+FP32_VARIANTS = ("fp32", "optimized", "openvino-fp32")  # what is compared with the peer's fp32 engines
+
+
+def default_variants() -> list[str]:
+    """ONNX Runtime's three graphs, and OpenVINO's precisions where it is installed (bf16 only where native)."""
+    from bertzoo.serving.backends import openvino
+
+    names = ["fp32", "optimized", "int8"]
+    if importlib.util.find_spec("openvino") is None:
+        return names
+    return names + ["openvino-fp32"] + (["openvino-bf16"] if openvino.cpu_has_bf16() else [])
 
 
 def own_cpu_seconds() -> float:
@@ -69,9 +90,11 @@ def in_process_ceiling(artifact: str, variant: str, task: str, sentences: list[s
     from bertzoo.tokenization import Tokenizer, pad_batch
 
     manifest = load_manifest(artifact)
-    # Spinning on: with the cores to itself this is the backend's best (the server turns it off, see --ort-spinning).
-    backends = [create_backend("onnxruntime", artifact, variant=variant, threads=max(1, threads // instances),
-                               manifest=manifest, spinning=True) for _ in range(instances)]
+    engine, engine_args = VARIANTS[variant][:2]
+    # ONNX Runtime spinning on: with the cores to itself this is its best (the server turns it off, --ort-spinning).
+    spinning = {"spinning": True} if engine == "onnxruntime" else {}
+    backends = [create_backend(engine, artifact, threads=max(1, threads // instances), manifest=manifest,
+                               **engine_args, **spinning) for _ in range(instances)]
     tokenizer = Tokenizer.from_file(Path(artifact) / manifest["tokenizer"])
     limits = Limits(**manifest["limits"])
 
@@ -260,6 +283,8 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--instances", default="1,2", help="`bertzoo serve --instances` counts to measure")
+    parser.add_argument("--variants", help=f"comma-separated, of {', '.join(VARIANTS)} (default: ONNX Runtime's "
+                        "three, and OpenVINO's where it is installed)")
     parser.add_argument("--infinity", metavar="VENV", help="infinity-emb's virtual environment (peer rows)")
     parser.add_argument("--infinity-models", metavar="MODELS", help="its model folders (peers/infinity_setup.sh)")
     parser.add_argument("--out", help="also write the results as JSON here")
@@ -270,6 +295,9 @@ def main() -> None:
         return plain_server(args.checkpoint, args.port)
     if bool(args.infinity) != bool(args.infinity_models):
         parser.error("--infinity and --infinity-models go together")
+    variants = args.variants.split(",") if args.variants else default_variants()
+    if unknown := [v for v in variants if v not in VARIANTS]:
+        parser.error(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
     from bertzoo.artifact import load_manifest
     from bertzoo.tokenization import Tokenizer
 
@@ -297,14 +325,15 @@ def main() -> None:
     ceilings: dict = {}
 
     def add(setup: str, rpc: str, items_per_s: float, variant: str | None = None, **extra) -> dict:
+        precision = VARIANTS[variant][3] if variant else "int8" if setup.endswith("int8") else "fp32"
         row = {"setup": setup, "rpc": rpc, "items_per_s": items_per_s, "useful_gflops": items_per_s * flop_per_sentence
-               / 1e9, "gemm_precision": "int8" if variant == "int8" or setup.endswith("int8") else "fp32", **extra}
+               / 1e9, "gemm_precision": precision, **extra}
         if variant is not None and "in-process" not in setup:
             row["of_ceiling"] = items_per_s / ceilings[(variant, rpc)]
         results["rows"].append(row)
         return row
 
-    for variant in VARIANTS:  # each variant's ceiling measured just before its servers: the machine drifts
+    for variant in variants:  # each variant's ceiling measured just before its servers: the machine drifts
         measure_gemm_peaks()
         for task in TASKS:
             rates = {n: in_process_ceiling(args.artifact, variant, task, sentences, args.threads, n)
@@ -314,7 +343,7 @@ def main() -> None:
                 add(f"in-process ceiling, {variant}, {n} engine(s)", task, rate, variant)
         for instances in instance_counts:
             name, port = f"bertzoo serve, {variant}, --instances {instances}", free_port()
-            server = start_bertzoo(args.artifact, port, "--variant", variant, "--threads", str(args.threads),
+            server = start_bertzoo(args.artifact, port, *VARIANTS[variant][2], "--threads", str(args.threads),
                                    "--instances", str(instances))
             try:
                 for task in TASKS:
@@ -324,7 +353,7 @@ def main() -> None:
                         server_cores=s["server_cores"], load_generator_cores=s["load_generator_cores"],
                         errors=sum(s["errors"].values()))
                     print(f"{name}, {task}: {s['items_per_s']:.1f} sentences/s", flush=True)
-                if variant == "fp32" and instances == instance_counts[-1]:
+                if variant == variants[0] and instances == instance_counts[-1]:
                     half = results["rows"][-2]["items_per_s"] / 2  # its Sentiment saturation
                     results["half_saturation"] = asyncio.run(_open_loop(port, sentences, half, args.duration))
                     results["half_saturation"]["server"] = name
@@ -345,11 +374,13 @@ def main() -> None:
             return max(r["items_per_s"] for r in results["rows"]
                        if r["rpc"] == "embed" and r["setup"].startswith(f"bertzoo serve, {variant},"))
 
-        results["against_infinity"] = {
-            "bertzoo Embed fp32 / infinity's best fp32": best_served("fp32") / best_fp32,
-            "bertzoo Embed optimized (fp32) / infinity's best fp32": best_served("optimized") / best_fp32,
-            "bertzoo Embed int8 / infinity's best fp32": best_served("int8") / best_fp32,
-            "bertzoo Embed int8 / infinity's best (any precision)": best_served("int8") / best_any}
+        against = results["against_infinity"] = {}
+        for variant in variants:
+            against[f"bertzoo Embed {variant} / infinity's best fp32"] = best_served(variant) / best_fp32
+            if variant not in FP32_VARIANTS:
+                against[f"bertzoo Embed {variant} / infinity's best (any precision)"] = best_served(variant) / best_any
+        if fp32 := [v for v in variants if v in FP32_VARIANTS]:
+            against["bertzoo Embed, best fp32 variant / infinity's best fp32"] = max(map(best_served, fp32)) / best_fp32
     port = free_port()
     plain = start([sys.executable, __file__, args.artifact, args.checkpoint, "--data", args.data, "--plain-server",
                    "--port", str(port)], lambda: answers_sentiment(port))

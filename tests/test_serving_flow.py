@@ -4,6 +4,7 @@ failing batch fails only its own requests."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import grpc
@@ -151,3 +152,25 @@ def test_a_backend_failure_fails_only_its_batch_with_internal(controlled):
     assert "the model failed on this request's batch" in error.value.details()
     assert client.paraphrase([("a", "b")]).results and client.health() == "SERVING"
     assert sample(running, "bertzoo_request_failures_total", task="paraphrase", code="INTERNAL", reason="backend") == 1
+
+
+def test_short_requests_tokenize_on_the_event_loop_long_ones_on_the_tokenizer_thread(controlled, monkeypatch):
+    from bertzoo.serving import tasks_service
+    from bertzoo.tokenization import Tokenizer
+
+    _, client, _ = controlled
+    threads: list[str] = []
+    encode = Tokenizer.encode_sentences
+
+    def recording(self, *args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return encode(self, *args, **kwargs)
+
+    monkeypatch.setattr(Tokenizer, "encode_sentences", recording)
+    client.sentiment(["short and sweet"])
+    long_text = "a long review " * (tasks_service.INLINE_TOKENIZE_CHARS // 14 + 1)
+    assert len(long_text) > tasks_service.INLINE_TOKENIZE_CHARS
+    client.sentiment([long_text])
+    assert len(threads) == 2
+    assert not threads[0].startswith("bertzoo-tokenize")
+    assert threads[1].startswith("bertzoo-tokenize")
