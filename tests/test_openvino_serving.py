@@ -82,3 +82,23 @@ def test_an_engine_that_misses_the_parity_bounds_never_serves(tiny_artifact, mon
     monkeypatch.setitem(parity.BOUNDS, "fp32", strict)
     with pytest.raises(EngineParityError, match=r"openvino fp32 does not reproduce .*encoder max abs diff"):
         load_served_model(serve_config(artifact, backend="openvino", precision="fp32"))
+
+
+def test_an_engine_on_part_of_the_cores_is_not_pinned(monkeypatch, tiny_artifact, tmp_path):
+    monkeypatch.setattr(openvino.os, "cpu_count", lambda: 4)
+    assert openvino.compile_config("fp32", None)["ENABLE_CPU_PINNING"] is True  # the whole machine: pinned
+    assert openvino.compile_config("fp32", 4)["ENABLE_CPU_PINNING"] is True
+    # one of --instances 2: unpinned (pinned, both engines would run on the same first cores)
+    assert openvino.compile_config("bf16", 2)["ENABLE_CPU_PINNING"] is False
+    assert openvino.compile_config("bf16", 2)["INFERENCE_PRECISION_HINT"] == "bf16"
+    pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install 'bertzoo[openvino]')")
+    _, artifact = tiny_artifact
+    backend = openvino.OpenVinoBackend(artifact, "fp32", threads=1, cache_dir=tmp_path)  # OpenVINO takes the setting
+    assert backend.encode(_one_batch()).shape[0] == 1
+
+
+def _one_batch() -> dict:
+    import numpy as np
+
+    ids = np.array([[101, 2023, 102]], dtype=np.int64)
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}

@@ -42,6 +42,17 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bertzoo" / "openvino"
 
 
+def compile_config(precision: str, threads: int | None) -> dict:
+    """OpenVINO's CPU settings for one engine on ``threads`` threads (None: every core). An engine on fewer threads
+    than the machine has cores is one of several (``serve --instances``) and runs unpinned: OpenVINO pins each
+    compiled model's threads to the same first cores, so two one-thread engines shared one core and together ran
+    at the speed of one (benchmarks/RESULTS.md)."""
+    cores = os.cpu_count() or 1
+    threads = threads or cores
+    return {"INFERENCE_PRECISION_HINT": OV_PRECISION[precision], "PERFORMANCE_HINT": "LATENCY",
+            "INFERENCE_NUM_THREADS": threads, "ENABLE_CPU_PINNING": threads >= cores}
+
+
 class OpenVinoBackend:
     """``encode`` on OpenVINO, ``head`` on ONNX Runtime. Not thread-safe (one infer request): the server gives each
     lane's worker its own engine."""
@@ -60,8 +71,7 @@ class OpenVinoBackend:
         if self.cache_dir is not None:
             core.set_property({"CACHE_DIR": str(self.cache_dir)})
         encoder = directory / self.manifest["graphs"]["encoder"]["files"]["fp32"]
-        config = {"INFERENCE_PRECISION_HINT": OV_PRECISION[self.precision], "PERFORMANCE_HINT": "LATENCY",
-                  "INFERENCE_NUM_THREADS": threads or os.cpu_count() or 1}
+        config = compile_config(self.precision, threads)
         try:
             ssaf = self.manifest["model"]["encoder"].get("attention") == "sparsegen_lin"
             compiled = core.compile_model(_readable(core, encoder, ssaf), "CPU", config)
