@@ -65,11 +65,11 @@ FP32_VARIANTS = ("fp32", "optimized", "openvino-fp32")  # what is compared with 
 
 def default_variants() -> list[str]:
     """ONNX Runtime's three graphs, and OpenVINO's precisions where it is installed (bf16 only where native)."""
-    from bertzoo.serving.backends import openvino
-
     names = ["fp32", "optimized", "int8"]
     if importlib.util.find_spec("openvino") is None:
         return names
+    from bertzoo.serving.backends import openvino
+
     return names + ["openvino-fp32"] + (["openvino-bf16"] if openvino.cpu_has_bf16() else [])
 
 
