@@ -93,7 +93,11 @@ CLAIMS: dict[str, Claim] = {
         {"baseline": (), "ssa": ("--preset", "ssa", "--set", "ssa_probe_limit=null")}, _MULTI_METRICS),
     "cross_pool_dtp": Claim(
         "004", "cross-attention + attention pooling + dynamic task prioritization beat the baseline's multitask run",
-        _MULTI, {"baseline": (), "cross_pool_dtp": ("--preset", "cross_pool_dtp")}, _MULTI_METRICS),
+        _MULTI, {"baseline": (), "cross_pool_dtp": ("--preset", "cross_pool_dtp"),
+                 # the two halves alone, to tell which one moves a score: the heads with the baseline's
+                 # proportional sampling, and DTP's sampling with the baseline's heads
+                 "cross_pool": ("--preset", "cross_pool_dtp", "--set", "sampling=proportional"),
+                 "dtp": ("--set", "sampling=dynamic")}, _MULTI_METRICS),
     "ag_sst2": Claim(
         "003", "pre-training with attention guidance gives a better SST-2 model than plain MLM pre-training",
         ("--tasks", "sentiment", "--sentiment-dataset", "sst2", "--epochs", "1", *_AG_FINETUNE),
