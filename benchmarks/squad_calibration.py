@@ -11,6 +11,11 @@ questions are split by article into two halves (first / second half of the artic
 scored with the threshold fitted on the *other* half, and the two are combined into one F1 over the whole dev set in
 which no question's threshold saw that question. The model runs once over the dev set (forced spans and each
 question's null margin, ``null_score - best span score``); everything else is arithmetic on those.
+
+``--held-out-spread N`` also measures how precisely the held-out training article(s) place the threshold: the model
+runs over the questions ``bertzoo train`` held out (the same articles, by the same rule), the threshold is refitted
+the way training fits it on N bootstrap resamples of those questions, and the dev F1 at each refitted threshold is
+reported as percentiles.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from bertzoo.datafiles import load_split
 from bertzoo.qa import SpanPrediction, best_null_threshold, squad_metrics, with_null_threshold
 from bertzoo.serving.backends import create_backend
 from bertzoo.tokenization import Tokenizer
+from bertzoo.trainer.calibration import hold_out_articles
 from bertzoo.trainer.checkpoint import TOKENIZER, load_model
 from bertzoo.trainer.config import TrainConfig
 
@@ -53,15 +59,46 @@ def bootstrap_gap(gaps: np.ndarray, groups: list[str], rounds: int = 2000, seed:
             "articles_95": [float(np.percentile(by_article, q)) for q in (2.5, 97.5)]}
 
 
+def held_out_spread(model, train_config: TrainConfig, data: str, tokenizer: Tokenizer, dev_examples,
+                    dev_predictions: dict[str, SpanPrediction], rounds: int, seed: int = 0) -> dict:
+    """The threshold refitted on ``rounds`` bootstrap resamples of the held-out training questions, and the dev F1 at
+    each: percentiles (2.5, 50, 97.5) of both."""
+    _, held = hold_out_articles(load_split(data, "qa", "train"), train_config.qa_calibration_articles)
+    if not held:
+        return {"error": "no training article was held out (no unanswerable questions, or calibration off)"}
+    predictions = pipeline.predict(create_backend("torch", model), "qa", held, tokenizer, train_config.limits,
+                                   allow_impossible=False)
+    spans = {e.id: p.answer for e, p in zip(held, predictions, strict=True)}
+    margins = {e.id: p.null_score - p.score for e, p in zip(held, predictions, strict=True)}
+    share = train_config.qa_calibration_share
+    rng = np.random.default_rng(seed)
+    thresholds, dev_f1 = [], []
+    dev_ids = [e.id for e in dev_examples]
+    for _ in range(rounds):
+        sample = [held[i] for i in rng.integers(0, len(held), len(held))]
+        fitted = best_null_threshold(spans, margins, sample, share)["best_f1_threshold"]
+        thresholds.append(fitted)
+        dev_f1.append(squad_metrics(answers_at(fitted, dev_predictions, dev_ids), dev_examples)["f1"])
+    full = best_null_threshold(spans, margins, held, share)["best_f1_threshold"]
+    percentiles = (2.5, 50.0, 97.5)
+    return {"articles": sorted({e.title for e in held}), "questions": len(held),
+            "unanswerable": sum(e.is_impossible for e in held), "rounds": rounds, "threshold_on_all": full,
+            "threshold_percentiles": [float(np.percentile(thresholds, q)) for q in percentiles],
+            "dev_f1_percentiles": [float(np.percentile(dev_f1, q)) for q in percentiles]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint")
     parser.add_argument("--data", required=True)
     parser.add_argument("--json-out", default=None)
+    parser.add_argument("--held-out-spread", type=int, default=0, metavar="N",
+                        help="refit the threshold on N bootstrap resamples of the held-out training questions")
     args = parser.parse_args()
     model, config, directory = load_model(args.checkpoint)
     model.eval()
-    limits = TrainConfig.from_dict(config["train"]).limits
+    train_config = TrainConfig.from_dict(config["train"])
+    limits = train_config.limits
     tokenizer = Tokenizer.from_file(directory / TOKENIZER)
     examples = load_split(args.data, "qa", "dev")
     started = time.perf_counter()
@@ -104,6 +141,9 @@ def main() -> None:
         "f1_always_no_answer": squad_metrics({e.id: "" for e in examples}, examples)["f1"],
         "best_f1_fitted_on_itself": best_null_threshold(spans, margins, examples),
     }
+    if args.held_out_spread:
+        report["held_out_spread"] = held_out_spread(model, train_config, args.data, tokenizer, examples, by_id,
+                                                    args.held_out_spread)
     print(json.dumps(report, indent=2))
     if args.json_out:
         with open(args.json_out, "w") as f:
