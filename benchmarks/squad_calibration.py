@@ -41,6 +41,12 @@ def answers_at(threshold: float, predictions: dict[str, SpanPrediction], ids) ->
     return {i: with_null_threshold(predictions[i], threshold).answer for i in ids}
 
 
+def spans_and_margins(examples, predictions: list[SpanPrediction]) -> tuple[dict[str, str], dict[str, float]]:
+    """Each question's forced span and its null margin (``null_score - score``), by id: what a threshold fit takes."""
+    pairs = list(zip(examples, predictions, strict=True))
+    return {e.id: p.answer for e, p in pairs}, {e.id: p.null_score - p.score for e, p in pairs}
+
+
 def per_question_f1(answers: dict[str, str], examples) -> np.ndarray:
     return np.array([squad_metrics({e.id: answers[e.id]}, [e])["f1"] for e in examples])
 
@@ -68,8 +74,7 @@ def held_out_spread(model, train_config: TrainConfig, data: str, tokenizer: Toke
         return {"error": "no training article was held out (no unanswerable questions, or calibration off)"}
     predictions = pipeline.predict(create_backend("torch", model), "qa", held, tokenizer, train_config.limits,
                                    allow_impossible=False)
-    spans = {e.id: p.answer for e, p in zip(held, predictions, strict=True)}
-    margins = {e.id: p.null_score - p.score for e, p in zip(held, predictions, strict=True)}
+    spans, margins = spans_and_margins(held, predictions)
     share = train_config.qa_calibration_share
     rng = np.random.default_rng(seed)
     thresholds, dev_f1 = [], []
@@ -105,8 +110,7 @@ def main() -> None:
     predictions = pipeline.predict(create_backend("torch", model), "qa", examples, tokenizer, limits, allow_impossible=False)
     print(f"{len(examples)} dev questions predicted in {time.perf_counter() - started:.0f} s")
     by_id = {e.id: p for e, p in zip(examples, predictions, strict=True)}
-    spans = {e.id: p.answer for e, p in zip(examples, predictions, strict=True)}
-    margins = {e.id: p.null_score - p.score for e, p in zip(examples, predictions, strict=True)}
+    spans, margins = spans_and_margins(examples, predictions)
 
     titles = list(dict.fromkeys(e.title for e in examples))
     first = set(titles[: len(titles) // 2])
