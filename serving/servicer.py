@@ -25,6 +25,11 @@ log = logging.getLogger("bertzoo.serving")
 
 Response = TypeVar("Response")
 
+# The server's deadline starts when the request arrives, a little after the client's, so a client whose deadline
+# passes cancels the call while the server still sees up to the transit time (milliseconds, more under load) left.
+# A cancellation that close to the deadline is the deadline.
+DEADLINE_SKEW_SECONDS = 0.1
+
 
 def _timing(t: Timing) -> pb2.Timing:
     return pb2.Timing(queue_seconds=t.queue, tokenize_seconds=t.tokenize, inference_seconds=t.inference,
@@ -73,7 +78,7 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
         except asyncio.CancelledError:
             # gRPC cancels the handler when the client cancels, disconnects or its deadline passes.
             remaining = context.time_remaining()
-            expired = remaining is not None and remaining <= 0
+            expired = remaining is not None and remaining <= DEADLINE_SKEW_SECONDS
             code, reason = ("DEADLINE_EXCEEDED", "deadline") if expired else ("CANCELLED", "cancelled")
             if self.grace_ends is not None and time.monotonic() >= self.grace_ends:
                 code, reason = "CANCELLED", "shutdown"  # the server's grace ran out, not the client's patience
