@@ -96,12 +96,10 @@ def serve(auth_token_file: str | None, max_batch_size: int, max_batch_tokens: in
           max_queue_delay_ms: float, pad_to: str, **options) -> None:
     """Serve MODEL_DIR over gRPC (bertzoo.v1.Bertzoo, health, reflection) until SIGTERM, with a dynamic batcher and
     Prometheus metrics. Every option can also be set by the environment variable shown."""
-    import asyncio
-
     from bertzoo.artifact import ArtifactError
     from bertzoo.serving.backends import BackendUnavailable, check_available, check_model_dir
     from bertzoo.serving.config import BatchSettings, ServeConfig
-    from bertzoo.serving.grpc_server import serve as run_server
+    from bertzoo.serving.grpc_server import run_serve
 
     if auth_token_file:
         options["auth_token"] = Path(auth_token_file).read_text().strip()
@@ -116,7 +114,7 @@ def serve(auth_token_file: str | None, max_batch_size: int, max_batch_tokens: in
         # Before the port is bound: one line naming what to install, or what MODEL_DIR should be.
         check_available(config.backend, config.device)
         check_model_dir(config.backend, config.model_dir, config.verify_key)
-        asyncio.run(run_server(config))
+        run_serve(config)
     except (ArtifactError, BackendUnavailable, FileNotFoundError, OSError) as e:
         raise click.ClickException(str(e)) from e
 

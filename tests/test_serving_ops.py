@@ -4,6 +4,7 @@ fuzzed requests, the command-line client and load tool, and the generated stubs 
 from __future__ import annotations
 
 import importlib.resources
+import importlib.util
 import json
 import logging
 import os
@@ -165,6 +166,9 @@ def test_sigterm_finishes_every_accepted_request_then_exits(tiny_artifact):
             process.kill()
         output = process.communicate()[0]
     assert "effective config" in output and "stop signal" in output and "stopped" in output
+    # uvloop where the serve extra installed it (its signal handling is what this test exercises), else asyncio's
+    expected = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    assert f"event loop: {expected}" in output
 
 
 def test_serve_fails_with_the_reason_on_a_broken_artifact_or_a_taken_port(tiny_artifact, tmp_path):

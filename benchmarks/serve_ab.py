@@ -1,0 +1,91 @@
+"""Two ways of starting `bertzoo serve`, side by side: alternating rounds of the same closed-loop load, so the machine's
+drift falls on both equally. For server-side levers worth a few percent, which one run of each cannot show.
+
+    python benchmarks/serve_ab.py ARTIFACT --data ../shared/data/ids-sst-dev.csv \
+        --arm asyncio="python -m bertzoo" \
+        --arm uvloop="python -c 'import sys, uvloop; uvloop.install(); from bertzoo.cli import main; main()'" \
+        --rounds 4 --seconds 15 -- --variant int8 --instances 2
+
+Each arm is a command prefix to which ``serve ARTIFACT --host ... --port ... --metrics-port ...`` and the flags after
+``--`` are appended (an environment variable goes in front with ``env NAME=VALUE``). Round r runs the arms in order,
+round r + 1 in reverse. Prints every round and, per arm, the mean and its ratio to the first arm's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+
+from processes import answers_sentiment, cpu_seconds, free_port, start, stop
+from serve_speed import closed_loop
+from timing import machine
+
+from bertzoo.serving.load import load_items
+
+
+def one_round(prefix: list[str], artifact: str, flags: list[str], task: str, items: list, concurrency: int,
+              seconds: float) -> dict:
+    port = free_port()
+    command = [*prefix, "serve", artifact, "--host", "127.0.0.1", "--port", str(port),
+               "--metrics-port", str(free_port()), *flags]
+    process = start(command, lambda: answers_sentiment(port))
+    try:
+        cpu0, t0 = cpu_seconds(process.pid), time.perf_counter()
+        summary = closed_loop(port, task, items, concurrency, seconds)
+        summary["server_cores"] = (cpu_seconds(process.pid) - cpu0) / (time.perf_counter() - t0)
+    finally:
+        stop(process)
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("artifact")
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--arm", action="append", required=True, metavar="NAME=COMMAND",
+                        help="an arm's name and command prefix (twice or more)")
+    parser.add_argument("--task", default="sentiment", choices=["sentiment", "embed"])
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--out", default=None, help="write every round as JSON")
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])
+    args.serve_flags = argv[split + 1:]  # after --: flags for every arm's `serve`
+    arms = {}
+    for arm in args.arm:
+        name, sep, command = arm.partition("=")
+        if not sep or not command.strip():
+            parser.error(f"--arm {arm!r}: expected NAME=COMMAND")
+        arms[name] = shlex.split(command)
+    if len(arms) < 2:
+        parser.error("give at least two --arm")
+    items = load_items(args.task, args.data)
+    print(json.dumps(machine()), flush=True)
+    rounds: dict[str, list[dict]] = {name: [] for name in arms}
+    for r in range(args.rounds):
+        for name in list(arms) if r % 2 == 0 else list(arms)[::-1]:
+            summary = one_round(arms[name], args.artifact, args.serve_flags, args.task, items, args.concurrency,
+                                args.seconds)
+            rounds[name].append(summary)
+            print(f"round {r} {name}: {summary['items_per_s']:.1f} {args.task} items/s, p50 {summary['p50_ms']:.0f} "
+                  f"ms, p99 {summary['p99_ms']:.0f} ms, server {summary['server_cores']:.2f} cores", flush=True)
+    first = None
+    for name, results in rounds.items():
+        rates = [s["items_per_s"] for s in results]
+        mean = sum(rates) / len(rates)
+        first = first or mean
+        print(f"{name}: mean {mean:.1f}/s ({mean / first:.3f}x {next(iter(arms))}), rounds "
+              f"{', '.join(f'{x:.1f}' for x in rates)}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"machine": machine(), "arms": {n: shlex.join(c) for n, c in arms.items()},
+                       "serve_flags": args.serve_flags, "rounds": rounds}, f, indent=2)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
