@@ -52,11 +52,12 @@ def answers_sentiment(port: int) -> bool:
             return False
 
 
-def start_bertzoo(artifact: str, port: int, *flags: str, metrics_port: int | None = None) -> subprocess.Popen:
+def start_bertzoo(artifact: str, port: int, *flags: str, metrics_port: int | None = None,
+                  launcher: list[str] | None = None) -> subprocess.Popen:
     """``bertzoo serve ARTIFACT`` on loopback ``port`` (metrics on ``metrics_port``, default a free port), ready once
-    Sentiment answers."""
-    command = [sys.executable, "-m", "bertzoo", "serve", artifact, "--host", "127.0.0.1", "--port", str(port),
-               "--metrics-port", str(metrics_port or free_port()), *flags]
+    Sentiment answers. ``launcher``: the command that stands for ``bertzoo`` (default: this Python's)."""
+    command = [*(launcher or [sys.executable, "-m", "bertzoo"]), "serve", artifact, "--host", "127.0.0.1",
+               "--port", str(port), "--metrics-port", str(metrics_port or free_port()), *flags]
     return start(command, lambda: answers_sentiment(port))
 
 

@@ -2,13 +2,15 @@
 drift falls on both equally. For server-side levers worth a few percent, which one run of each cannot show.
 
     python benchmarks/serve_ab.py ARTIFACT --data ../shared/data/ids-sst-dev.csv \
-        --arm asyncio="python -m bertzoo" \
-        --arm uvloop="python -c 'import sys, uvloop; uvloop.install(); from bertzoo.cli import main; main()'" \
+        --arm this="python -m bertzoo" --arm before="/tmp/venv-before/bin/bertzoo" \
         --rounds 4 --seconds 15 -- --variant int8 --instances 2
 
-Each arm is a command prefix to which ``serve ARTIFACT --host ... --port ... --metrics-port ...`` and the flags after
-``--`` are appended (an environment variable goes in front with ``env NAME=VALUE``). Round r runs the arms in order,
-round r + 1 in reverse. Prints every round and, per arm, the mean and its ratio to the first arm's.
+(``/tmp/venv-before``: another commit's build installed in its own virtual environment.)
+
+Each arm is a command that stands for ``bertzoo``, to which ``serve ARTIFACT --host ... --port ... --metrics-port ...``
+and the flags after ``--`` are appended (an environment variable goes in front with ``env NAME=VALUE``). Round r runs
+the arms in order, round r + 1 in reverse. Prints every round and, per arm, the mean and its ratio to the first
+arm's.
 """
 
 from __future__ import annotations
@@ -17,28 +19,22 @@ import argparse
 import json
 import shlex
 import sys
-import time
 
-from processes import answers_sentiment, cpu_seconds, free_port, start, stop
-from serve_speed import closed_loop
+from processes import free_port, start_bertzoo, stop
+from serve_speed import closed_loop, measured_load
 from timing import machine
 
 from bertzoo.serving.load import load_items
 
 
-def one_round(prefix: list[str], artifact: str, flags: list[str], task: str, items: list, concurrency: int,
+def one_round(launcher: list[str], artifact: str, flags: list[str], task: str, items: list, concurrency: int,
               seconds: float) -> dict:
     port = free_port()
-    command = [*prefix, "serve", artifact, "--host", "127.0.0.1", "--port", str(port),
-               "--metrics-port", str(free_port()), *flags]
-    process = start(command, lambda: answers_sentiment(port))
+    process = start_bertzoo(artifact, port, *flags, launcher=launcher)
     try:
-        cpu0, t0 = cpu_seconds(process.pid), time.perf_counter()
-        summary = closed_loop(port, task, items, concurrency, seconds)
-        summary["server_cores"] = (cpu_seconds(process.pid) - cpu0) / (time.perf_counter() - t0)
+        return measured_load(process.pid, lambda: closed_loop(port, task, items, concurrency, seconds))
     finally:
         stop(process)
-    return summary
 
 
 def main() -> None:
@@ -73,7 +69,8 @@ def main() -> None:
                                 args.seconds)
             rounds[name].append(summary)
             print(f"round {r} {name}: {summary['items_per_s']:.1f} {args.task} items/s, p50 {summary['p50_ms']:.0f} "
-                  f"ms, p99 {summary['p99_ms']:.0f} ms, server {summary['server_cores']:.2f} cores", flush=True)
+                  f"ms, p99 {summary['p99_ms']:.0f} ms, server {summary['server_cores']:.2f} cores, load generator "
+                  f"{summary['load_generator_cores']:.2f}", flush=True)
     first = None
     for name, results in rounds.items():
         rates = [s["items_per_s"] for s in results]
