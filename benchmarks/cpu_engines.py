@@ -19,7 +19,6 @@ OpenVINO's own tool (NNCF, post-training, 300 training sentences), to see whethe
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import time
@@ -28,11 +27,12 @@ from pathlib import Path
 import numpy as np
 from ceiling import encoder_flops, gemm_peak_gflops, timed
 from processes import start_bertzoo, stop
+from serve_speed import closed_loop
 from timing import machine
 
 from bertzoo.artifact import load_manifest
 from bertzoo.serving.backends import create_backend, openvino
-from bertzoo.serving.load import load_items, run_load
+from bertzoo.serving.load import load_items
 from bertzoo.tokenization import Tokenizer, pad_batch
 
 ENGINES = [("onnxruntime", "fp32"), ("onnxruntime", "int8"), ("openvino", "fp32"), ("openvino", "bf16")]
@@ -76,9 +76,7 @@ def serve_rate(artifact: str, engine: str, precision: str, threads: int, sentenc
     flags = ["--backend", engine, *(["--precision", precision] if engine == "openvino" else ["--variant", precision])]
     server = start_bertzoo(artifact, port, *flags, "--threads", str(threads))
     try:
-        asyncio.run(run_load(f"127.0.0.1:{port}", "sentiment", sentences, concurrency=64, duration=3))
-        return asyncio.run(run_load(f"127.0.0.1:{port}", "sentiment", sentences, concurrency=64,
-                                    duration=seconds)).summary()
+        return closed_loop(port, "sentiment", sentences, 64, seconds)
     finally:
         stop(server)
 
