@@ -51,6 +51,14 @@ def test_hold_out_takes_the_articles_with_most_unanswerable_questions_but_never_
     assert hold_out_articles([_question("A", True), _question("B", False)], 1)[1] == []  # the only one stays
 
 
+def test_holding_out_fewer_articles_than_asked_says_so(caplog):
+    data = [_question("B", True)] * 2 + [_question("C", True)] * 4
+    with caplog.at_level("WARNING"):
+        held = hold_out_articles(data, 3)[1]
+    assert {q.title for q in held} == {"C"}
+    assert "qa_calibration_articles is 3" in caplog.text and "1 held out" in caplog.text
+
+
 def test_training_fits_the_threshold_on_held_out_articles_and_the_checkpoint_keeps_it(tiny_train_config):
     # The bundled SQuAD 2.0 sample has unanswerable questions in two articles; Spectre has the most.
     config = tiny_train_config(tasks=("qa",), limit_per_task=None, max_steps=4, qa_calibration_share=None)

@@ -45,6 +45,9 @@ def hold_out_articles(examples: Sequence[QAExample], n_articles: int) -> tuple[l
     if not held:
         log.warning("qa: only one article has unanswerable questions, so none is held out to calibrate the "
                     "no-answer threshold; it stays at the configured value")
+    elif len(held) < n_articles:
+        log.warning("qa: qa_calibration_articles is %d, but only %d articles have unanswerable questions and one of "
+                    "them must stay in training: %d held out", n_articles, len(ranked), len(held))
     return [e for e in examples if e.title not in held], [e for e in examples if e.title in held]
 
 
