@@ -1,0 +1,158 @@
+"""The server under a load generator that costs almost no CPU: nghttp2's h2load (C) against our Python gRPC client, on
+the same sentences, side by side. On 2 shared cores the Python client takes ~0.3 cores at the server's rate
+(RESULTS.md), which the server then lacks: this measures how much of the gap to the in-process ceiling that is.
+
+    python benchmarks/serve_h2load.py ARTIFACT --data ../shared/data/ids-sst-dev.csv [--variants int8 fp32] \
+        [-- --instances 2]   # flags for `bertzoo serve`
+
+h2load sends one fixed body per process, so the load is --groups h2load processes, each with its own sentence (the
+SST dev sentences at evenly spaced quantiles of token length) and concurrency / groups connections of one stream each;
+the Python client and the in-process ceiling get the same sentences, equally often. h2load counts an HTTP 200 as a
+success even when gRPC fails in the trailers, so the server's own bertzoo_requests_total is read before and after
+and every answer must be OK (but the calls in flight when the load stops, which are CANCELLED). Needs `h2load`
+(Debian: apt-get install nghttp2-client).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import resource
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from processes import cpu_seconds, free_port, start_bertzoo, stop
+from serve_speed import VARIANTS, closed_loop, in_process_ceiling, measured_load
+from timing import machine
+
+from bertzoo.artifact import load_manifest
+from bertzoo.serving.load import load_items
+from bertzoo.serving.proto import pb2
+from bertzoo.tokenization import Tokenizer
+
+RPC = {"sentiment": ("Sentiment", pb2.SentimentRequest), "embed": ("Embed", pb2.EmbedRequest)}
+
+
+def quantile_sentences(artifact: str, sentences: list[str], groups: int) -> list[str]:
+    """The sentences at the middle of each of ``groups`` equal slices of the token-length order."""
+    manifest = load_manifest(artifact)
+    tokenizer = Tokenizer.from_file(Path(artifact) / manifest["tokenizer"])
+    lengths = [len(e.input_ids) for e in tokenizer.encode_sentences(sentences, 128)]
+    ordered = sorted(range(len(sentences)), key=lambda i: lengths[i])
+    return [sentences[ordered[(2 * g + 1) * len(ordered) // (2 * groups)]] for g in range(groups)]
+
+
+def ok_answers(metrics_port: int, task: str) -> dict[str, float]:
+    """bertzoo_requests_total of ``task`` by status code, from the server's Prometheus endpoint."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    counts: dict[str, float] = {}
+    for code, value in re.findall(rf'^bertzoo_requests_total{{code="(\w+)",task="{task}"}} (\S+)$', text, re.M):
+        counts[code] = float(value)
+    return counts
+
+
+def h2load_run(port: int, task: str, sentences: list[str], concurrency: int, seconds: float, workdir: Path) -> dict:
+    """All groups at once for ``seconds`` after a 3 s warm-up; their summed rate, and the cores they used."""
+    rpc, request = RPC[task]
+    commands = []
+    for g, sentence in enumerate(sentences):
+        body = request(texts=[sentence]).SerializeToString()
+        path = workdir / f"{task}-{g}.bin"
+        path.write_bytes(b"\x00" + struct.pack(">I", len(body)) + body)  # gRPC's length-prefixed message
+        connections = str(concurrency // len(sentences))
+        commands.append(["h2load", "-D", str(round(seconds)), "--warm-up-time", "3", "-c", connections, "-m", "1",
+                         "-d", str(path), "-H", "content-type: application/grpc", "-H", "te: trailers", f"http://127.0.0.1:{port}/bertzoo.v1.Bertzoo/{rpc}"])
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    processes = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in commands]
+    outputs = [p.communicate()[0] for p in processes]
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    rate, failed, latencies = 0.0, 0, []
+    for out in outputs:
+        found = re.search(r"finished in .*?, ([\d.]+) req/s", out)
+        counts = re.search(r"requests: .*? (\d+) succeeded, (\d+) failed, (\d+) errored, (\d+) timeout", out)
+        latency = re.search(r"time for request:\s+(\S+)\s+(\S+)\s+(\S+)", out)
+        if not (found and counts and latency):
+            raise RuntimeError(f"unreadable h2load output:\n{out}")
+        rate += float(found.group(1))
+        failed += sum(int(x) for x in counts.groups()[1:])
+        latencies.append(latency.group(3))
+    cores = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / wall
+    return {"items_per_s": rate, "failed": failed, "mean_latency_per_group": latencies, "load_generator_cores": cores,
+            "wall_s": wall}
+
+
+def serve_once(args: argparse.Namespace, variant: str, task: str, generator: str, sentences: list[str],
+               repeated: list[str], workdir: Path) -> dict:
+    """A fresh server with ``variant``, loaded by ``generator`` (h2load or our Python client); every answer OK."""
+    port, metrics_port = free_port(), free_port()
+    process = start_bertzoo(args.artifact, port, *VARIANTS[variant][2], *args.serve_flags, metrics_port=metrics_port)
+    try:
+        before = ok_answers(metrics_port, task)
+        if generator == "h2load":
+            server0, t0 = cpu_seconds(process.pid), time.perf_counter()
+            summary = h2load_run(port, task, sentences, args.concurrency, args.seconds, workdir)
+            summary["server_cores"] = (cpu_seconds(process.pid) - server0) / (time.perf_counter() - t0)
+        else:
+            summary = measured_load(process.pid, lambda: closed_loop(port, task, repeated, args.concurrency,
+                                                                     args.seconds))
+        after = ok_answers(metrics_port, task)
+    finally:
+        stop(process)
+    codes = {c: after.get(c, 0) - before.get(c, 0) for c in after}
+    # A load generator that stops at its deadline cancels the calls then in flight: at most one per connection.
+    if any(n for c, n in codes.items() if c not in ("OK", "CANCELLED")) or codes.get("CANCELLED", 0) > args.concurrency:
+        raise RuntimeError(f"{variant} {task} {generator}: answers other than OK: {codes}")
+    return {**summary, "server_answers": codes}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("artifact")
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--variants", nargs="+", default=["int8", "fp32"], choices=list(VARIANTS))
+    parser.add_argument("--tasks", nargs="+", default=["sentiment", "embed"], choices=list(RPC))
+    parser.add_argument("--groups", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--seconds", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=2, help="the in-process ceiling's threads (the machine's cores)")
+    parser.add_argument("--json", default=None)
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)  # after --: more `bertzoo serve` flags
+    args = parser.parse_args(argv[:split])
+    args.serve_flags = argv[split + 1:]
+    if shutil.which("h2load") is None:
+        sys.exit("h2load not found: apt-get install nghttp2-client")
+    sentences = quantile_sentences(args.artifact, load_items("sentiment", args.data), args.groups)
+    repeated = sentences * (1100 // len(sentences))  # about the dev set's size, each sentence equally often
+    results = {"machine": machine(), "sentences": sentences, "rows": []}
+    print(json.dumps(results["machine"]))
+    with tempfile.TemporaryDirectory() as tmp:
+        for variant in args.variants:
+            for task in args.tasks:
+                # as serve_speed.py: the better of one engine on every thread and one 1-thread engine per thread
+                ceiling = max(in_process_ceiling(args.artifact, variant, task, repeated, args.threads, instances)
+                              for instances in (1, args.threads))
+                row = {"variant": variant, "task": task, "ceiling_per_s": ceiling}
+                for generator in ("h2load", "python"):
+                    summary = serve_once(args, variant, task, generator, sentences, repeated, Path(tmp))
+                    row[generator] = summary
+                    print(f"{variant:10} {task:9} {generator:6} {summary['items_per_s']:7.1f}/s = "
+                          f"{summary['items_per_s'] / ceiling:.2f} of the ceiling ({ceiling:.1f}/s); server "
+                          f"{summary['server_cores']:.2f} cores, load generator {summary['load_generator_cores']:.2f}",
+                          flush=True)
+                results["rows"].append(row)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
