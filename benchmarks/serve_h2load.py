@@ -3,7 +3,7 @@ the same sentences, side by side. On 2 shared cores the Python client takes ~0.3
 (RESULTS.md), which the server then lacks: this measures how much of the gap to the in-process ceiling that is.
 
     python benchmarks/serve_h2load.py ARTIFACT --data ../shared/data/ids-sst-dev.csv [--variants int8 fp32] \
-        [-- --instances 2]   # flags for `bertzoo serve`
+        [--infinity VENV --infinity-models MODELS] [-- --instances 2]   # after --: flags for `bertzoo serve`
 
 h2load sends one fixed body per process, so the load is --groups h2load processes, each with its own sentence (the
 SST dev sentences at evenly spaced quantiles of token length) and concurrency / groups connections of one stream each;
@@ -29,7 +29,15 @@ import urllib.request
 from pathlib import Path
 
 from processes import cpu_seconds, free_port, start_bertzoo, stop
-from serve_speed import VARIANTS, closed_loop, in_process_ceiling, measured_load
+from serve_speed import (
+    INFINITY_ENGINES,
+    VARIANTS,
+    closed_loop,
+    in_process_ceiling,
+    infinity_rows,
+    measured_load,
+    start_infinity,
+)
 from timing import machine
 
 from bertzoo.artifact import load_manifest
@@ -58,17 +66,17 @@ def ok_answers(metrics_port: int, task: str) -> dict[str, float]:
     return counts
 
 
-def h2load_run(port: int, task: str, sentences: list[str], concurrency: int, seconds: float, workdir: Path) -> dict:
-    """All groups at once for ``seconds`` after a 3 s warm-up; their summed rate, and the cores they used."""
-    rpc, request = RPC[task]
+def h2load(url: str, bodies: list[bytes], headers: list[str], concurrency: int, seconds: int, workdir: Path,
+           http1: bool = False) -> dict:
+    """One h2load process per body, all at once for ``seconds`` after a 3 s warm-up, ``concurrency`` connections in
+    all; their summed rate, and the cores they used. Any 4xx or 5xx answer is an error."""
     commands = []
-    for g, sentence in enumerate(sentences):
-        body = request(texts=[sentence]).SerializeToString()
-        path = workdir / f"{task}-{g}.bin"
-        path.write_bytes(b"\x00" + struct.pack(">I", len(body)) + body)  # gRPC's length-prefixed message
-        connections = str(concurrency // len(sentences))
-        commands.append(["h2load", "-D", str(round(seconds)), "--warm-up-time", "3", "-c", connections, "-m", "1",
-                         "-d", str(path), "-H", "content-type: application/grpc", "-H", "te: trailers", f"http://127.0.0.1:{port}/bertzoo.v1.Bertzoo/{rpc}"])
+    for g, body in enumerate(bodies):
+        path = workdir / f"body-{g}.bin"
+        path.write_bytes(body)
+        commands.append(["h2load", *(["--h1"] if http1 else []), "-D", str(seconds), "--warm-up-time", "3",
+                         "-c", str(concurrency // len(bodies)), "-m", "1", "-d", str(path),
+                         *(x for h in headers for x in ("-H", h)), url])
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     processes = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in commands]
@@ -79,15 +87,27 @@ def h2load_run(port: int, task: str, sentences: list[str], concurrency: int, sec
     for out in outputs:
         found = re.search(r"finished in .*?, ([\d.]+) req/s", out)
         counts = re.search(r"requests: .*? (\d+) succeeded, (\d+) failed, (\d+) errored, (\d+) timeout", out)
+        codes = re.search(r"status codes: \d+ 2xx, \d+ 3xx, (\d+) 4xx, (\d+) 5xx", out)
         latency = re.search(r"time for request:\s+(\S+)\s+(\S+)\s+(\S+)", out)
-        if not (found and counts and latency):
+        if not (found and counts and codes and latency):
             raise RuntimeError(f"unreadable h2load output:\n{out}")
+        if any(int(x) for x in codes.groups()):
+            raise RuntimeError(f"{url}: error answers:\n{out}")
         rate += float(found.group(1))
         failed += sum(int(x) for x in counts.groups()[1:])
         latencies.append(latency.group(3))
     cores = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / wall
     return {"items_per_s": rate, "failed": failed, "mean_latency_per_group": latencies, "load_generator_cores": cores,
             "wall_s": wall}
+
+
+def grpc_bodies(task: str, sentences: list[str]) -> list[bytes]:
+    """One request of one sentence each, as gRPC frames it: a 0 byte, the length (4 bytes, big-endian), the message."""
+    bodies = []
+    for sentence in sentences:
+        message = RPC[task][1](texts=[sentence]).SerializeToString()
+        bodies.append(b"\x00" + struct.pack(">I", len(message)) + message)
+    return bodies
 
 
 def serve_once(args: argparse.Namespace, variant: str, task: str, generator: str, sentences: list[str],
@@ -99,7 +119,9 @@ def serve_once(args: argparse.Namespace, variant: str, task: str, generator: str
         before = ok_answers(metrics_port, task)
         if generator == "h2load":
             server0, t0 = cpu_seconds(process.pid), time.perf_counter()
-            summary = h2load_run(port, task, sentences, args.concurrency, args.seconds, workdir)
+            summary = h2load(f"http://127.0.0.1:{port}/bertzoo.v1.Bertzoo/{RPC[task][0]}",
+                             grpc_bodies(task, sentences), ["content-type: application/grpc", "te: trailers"],
+                             args.concurrency, args.seconds, workdir)
             summary["server_cores"] = (cpu_seconds(process.pid) - server0) / (time.perf_counter() - t0)
         else:
             summary = measured_load(process.pid, lambda: closed_loop(port, task, repeated, args.concurrency,
@@ -114,6 +136,24 @@ def serve_once(args: argparse.Namespace, variant: str, task: str, generator: str
     return {**summary, "server_answers": codes}
 
 
+def infinity_h2load_rows(args: argparse.Namespace, sentences: list[str], workdir: Path) -> dict:
+    """infinity-emb at each CPU engine under h2load over HTTP/1.1: its /embeddings with one sentence per request."""
+    rows = {}
+    for name, (engine, folder) in INFINITY_ENGINES.items():
+        process, port, model = start_infinity(args.infinity, args.infinity_models, engine, folder)
+        try:
+            bodies = [json.dumps({"model": model, "input": [s]}).encode() for s in sentences]
+            server0, t0 = cpu_seconds(process.pid), time.perf_counter()
+            rows[name] = h2load(f"http://127.0.0.1:{port}/embeddings", bodies, ["content-type: application/json"],
+                                args.concurrency, args.seconds, workdir, http1=True)
+            rows[name]["server_cores"] = (cpu_seconds(process.pid) - server0) / (time.perf_counter() - t0)
+        finally:
+            stop(process)
+        print(f"{name:55} h2load {rows[name]['items_per_s']:7.1f}/s; server {rows[name]['server_cores']:.2f} cores, "
+              f"load generator {rows[name]['load_generator_cores']:.2f}", flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("artifact")
@@ -125,6 +165,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2, help="the in-process ceiling's threads (the machine's cores)")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--infinity", default=None, metavar="VENV", help="also infinity-emb from this venv "
+                        "(benchmarks/peers/infinity_setup.sh), under h2load and under our Python HTTP client")
+    parser.add_argument("--infinity-models", default=None, metavar="MODELS")
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)  # after --: more `bertzoo serve` flags
     args = parser.parse_args(argv[:split])
@@ -150,6 +193,13 @@ def main() -> None:
                           f"{summary['server_cores']:.2f} cores, load generator {summary['load_generator_cores']:.2f}",
                           flush=True)
                 results["rows"].append(row)
+        if args.infinity:
+            results["infinity"] = {"h2load": infinity_h2load_rows(args, sentences, Path(tmp)),
+                                   "python": infinity_rows(args.infinity, args.infinity_models, repeated,
+                                                           args.concurrency, args.seconds)}
+            for name, row in results["infinity"]["python"].items():
+                print(f"{name:55} python {row['items_per_s']:7.1f}/s; server {row['server_cores']:.2f} cores, "
+                      f"load generator {row['load_generator_cores']:.2f}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

@@ -206,28 +206,37 @@ def plain_server(checkpoint: str, port: int) -> None:
     server.wait_for_termination()
 
 
-def infinity_rows(venv: str, models: str, sentences: list[str], concurrency: int, duration: float) -> dict:
-    """infinity-emb at each CPU engine: started on loopback, warmed up, then the HTTP closed loop."""
+INFINITY_ENGINES = {"infinity-emb, torch engine, fp32": ("torch", "torch"),
+                    "infinity-emb, optimum engine, fp32 (graph-optimized)": ("optimum", "onnx-fp32"),
+                    "infinity-emb, optimum engine, int8": ("optimum", "onnx-int8")}
+
+
+def start_infinity(venv: str, models: str, engine: str, folder: str) -> tuple[subprocess.Popen, int, str]:
+    """infinity-emb on loopback with ``engine`` and the model in MODELS/``folder``, once it is healthy: (process,
+    port, the model name its requests carry)."""
     import urllib.request
 
-    engines = {"infinity-emb, torch engine, fp32": ("torch", "torch"),
-               "infinity-emb, optimum engine, fp32 (graph-optimized)": ("optimum", "onnx-fp32"),
-               "infinity-emb, optimum engine, int8": ("optimum", "onnx-int8")}
+    port, model = free_port(), str(Path(models) / folder)
+
+    def ready() -> bool:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+            return response.status == 200
+
+    process = start([str(Path(venv) / "bin" / "infinity_emb"), "v2", "--model-id", model, "--engine", engine,
+                     "--device", "cpu", "--host", "127.0.0.1", "--port", str(port), "--pooling-method",
+                     "mean", "--batch-size", "64"], ready, timeout=600, env={"HF_HUB_OFFLINE": "1"})
+    return process, port, model
+
+
+def infinity_rows(venv: str, models: str, sentences: list[str], concurrency: int, duration: float) -> dict:
+    """infinity-emb at each CPU engine: started on loopback, warmed up, then the HTTP closed loop."""
     python, load = str(Path(venv) / "bin" / "python"), str(Path(__file__).parent / "peers" / "http_load.py")
     rows = {}
     with tempfile.NamedTemporaryFile("w", suffix=".txt") as texts:
         texts.write("\n".join(s.replace("\n", " ") for s in sentences))
         texts.flush()
-        for name, (engine, folder) in engines.items():
-            port, model = free_port(), str(Path(models) / folder)
-
-            def ready(port: int = port) -> bool:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
-                    return response.status == 200
-
-            process = start([str(Path(venv) / "bin" / "infinity_emb"), "v2", "--model-id", model, "--engine", engine,
-                             "--device", "cpu", "--host", "127.0.0.1", "--port", str(port), "--pooling-method",
-                             "mean", "--batch-size", "64"], ready, timeout=600, env={"HF_HUB_OFFLINE": "1"})
+        for name, (engine, folder) in INFINITY_ENGINES.items():
+            process, port, model = start_infinity(venv, models, engine, folder)
             try:
                 url = f"http://127.0.0.1:{port}/embeddings"
                 command = [python, load, url, model, texts.name, "--concurrency", str(concurrency)]
