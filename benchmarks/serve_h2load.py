@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from functools import partial
 from pathlib import Path
 
 from processes import cpu_seconds, free_port, start_bertzoo, stop
@@ -101,6 +102,14 @@ def h2load(url: str, bodies: list[bytes], headers: list[str], concurrency: int, 
             "wall_s": wall}
 
 
+def with_server_cores(pid: int, load) -> dict:
+    """``load()``'s summary with the cores the server ``pid`` used meanwhile (measured_load also charges this
+    process's own CPU to the load generator, which for h2load runs elsewhere)."""
+    server0, t0 = cpu_seconds(pid), time.perf_counter()
+    summary = load()
+    return {**summary, "server_cores": (cpu_seconds(pid) - server0) / (time.perf_counter() - t0)}
+
+
 def grpc_bodies(task: str, sentences: list[str]) -> list[bytes]:
     """One request of one sentence each, as gRPC frames it: a 0 byte, the length (4 bytes, big-endian), the message."""
     bodies = []
@@ -118,11 +127,9 @@ def serve_once(args: argparse.Namespace, variant: str, task: str, generator: str
     try:
         before = ok_answers(metrics_port, task)
         if generator == "h2load":
-            server0, t0 = cpu_seconds(process.pid), time.perf_counter()
-            summary = h2load(f"http://127.0.0.1:{port}/bertzoo.v1.Bertzoo/{RPC[task][0]}",
-                             grpc_bodies(task, sentences), ["content-type: application/grpc", "te: trailers"],
-                             args.concurrency, args.seconds, workdir)
-            summary["server_cores"] = (cpu_seconds(process.pid) - server0) / (time.perf_counter() - t0)
+            summary = with_server_cores(process.pid, partial(
+                h2load, f"http://127.0.0.1:{port}/bertzoo.v1.Bertzoo/{RPC[task][0]}", grpc_bodies(task, sentences),
+                ["content-type: application/grpc", "te: trailers"], args.concurrency, args.seconds, workdir))
         else:
             summary = measured_load(process.pid, lambda: closed_loop(port, task, repeated, args.concurrency,
                                                                      args.seconds))
@@ -143,10 +150,9 @@ def infinity_h2load_rows(args: argparse.Namespace, sentences: list[str], workdir
         process, port, model = start_infinity(args.infinity, args.infinity_models, engine, folder)
         try:
             bodies = [json.dumps({"model": model, "input": [s]}).encode() for s in sentences]
-            server0, t0 = cpu_seconds(process.pid), time.perf_counter()
-            rows[name] = h2load(f"http://127.0.0.1:{port}/embeddings", bodies, ["content-type: application/json"],
-                                args.concurrency, args.seconds, workdir, http1=True)
-            rows[name]["server_cores"] = (cpu_seconds(process.pid) - server0) / (time.perf_counter() - t0)
+            rows[name] = with_server_cores(process.pid, partial(
+                h2load, f"http://127.0.0.1:{port}/embeddings", bodies, ["content-type: application/json"],
+                args.concurrency, args.seconds, workdir, http1=True))
         finally:
             stop(process)
         print(f"{name:55} h2load {rows[name]['items_per_s']:7.1f}/s; server {rows[name]['server_cores']:.2f} cores, "
