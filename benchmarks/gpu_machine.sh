@@ -18,7 +18,8 @@
 #   wait              until training and `bertzoo eval` are done; copies the metrics to $OUT
 #   check             benchmarks/gpu_check.py on the trained run; its JSON and log to $OUT
 #   zoo               every zoo preset x 3 seeds at the full budget, in parallel; logs and dev metrics to $OUT
-#   recipes [S]       (after setup2 in the same call; RECIPE_ROUND=2 for the second round) RECIPES below, all at once, waiting at most S seconds; then
+#   recipes [S]       (after setup2 in the same call; RECIPE_ROUND=2 for the second round) RECIPES below, all at
+#                     once, waiting at most S seconds; then
 #   collect [S]       waits at most S seconds more; each copies every finished run's dev metrics to $OUT
 set -uo pipefail
 S=/scratch
@@ -32,11 +33,12 @@ PRESETS="baseline ssaf ag ssa task_attention cross_pool_dtp"
 FULL="--no-eval --no-progress --epochs 1.3 --qa-max-length 256 --qa-doc-stride 96 --batch-tokens 1024 \
   --batch-tokens-tasks sentiment,qa --set lr=1e-4"
 SIM2='{"similarity": 2.0}'
+QA2='{"similarity": 2.0, "qa": 2.0}'
 RECIPES1=(
   "base-s0|--seed 0|$SIM2"
   "base-s1|--seed 1|$SIM2"
   "base-s2|--seed 2|$SIM2"
-  "qa2|--seed 0|{\"similarity\": 2.0, \"qa\": 2.0}"
+  "qa2|--seed 0|$QA2"
   "para2|--seed 0|{\"similarity\": 2.0, \"paraphrase\": 2.0}"
   "lr2e-4|--seed 0 --set lr=2e-4|$SIM2"
   "epochs1.6|--seed 0 --epochs 1.6|$SIM2"
@@ -45,8 +47,8 @@ RECIPES1=(
 # The second round, chosen from the first's results (RESULTS.md, "The full-data recipe over seeds, on a GPU").
 RECIPES2=(
   "base-s3|--seed 3|$SIM2"
-  "qa2-s1|--seed 1|{\"similarity\": 2.0, \"qa\": 2.0}"
-  "qa2-s2|--seed 2|{\"similarity\": 2.0, \"qa\": 2.0}"
+  "qa2-s1|--seed 1|$QA2"
+  "qa2-s2|--seed 2|$QA2"
   "lr1.5e-4-s0|--seed 0 --set lr=1.5e-4|$SIM2"
   "lr1.5e-4-s1|--seed 1 --set lr=1.5e-4|$SIM2"
   "decay0.85-top2e-4|--seed 0 --set lr=2e-4 --lr-layer-decay 0.85|$SIM2"

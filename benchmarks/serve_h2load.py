@@ -1,6 +1,6 @@
 """The server under a load generator that costs almost no CPU: nghttp2's h2load (C) against our Python gRPC client, on
-the same sentences, side by side. On 2 shared cores the Python client takes ~0.3 cores at the server's rate
-(RESULTS.md), which the server then lacks: this measures how much of the gap to the in-process ceiling that is.
+the same sentences, side by side. On 2 shared cores whatever the client burns the server lacks: this measures how
+much of the gap to the in-process ceiling that is (RESULTS.md: a few percent at most).
 
     python benchmarks/serve_h2load.py ARTIFACT --data ../shared/data/ids-sst-dev.csv [--variants int8 fp32] \
         [--infinity VENV --infinity-models MODELS] [-- --instances 2]   # after --: flags for `bertzoo serve`
@@ -53,7 +53,7 @@ def quantile_sentences(artifact: str, sentences: list[str], groups: int) -> list
     """The sentences at the middle of each of ``groups`` equal slices of the token-length order."""
     manifest = load_manifest(artifact)
     tokenizer = Tokenizer.from_file(Path(artifact) / manifest["tokenizer"])
-    lengths = [len(e.input_ids) for e in tokenizer.encode_sentences(sentences, 128)]
+    lengths = [len(e.input_ids) for e in tokenizer.encode_sentences(sentences, manifest["limits"]["max_seq_length"])]
     ordered = sorted(range(len(sentences)), key=lambda i: lengths[i])
     return [sentences[ordered[(2 * g + 1) * len(ordered) // (2 * groups)]] for g in range(groups)]
 
