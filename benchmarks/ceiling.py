@@ -61,3 +61,57 @@ def encoder_flops(shapes: list[tuple[int, int]], layers: int, hidden: int, ffn: 
     sentence for the useful work, the padded batch shapes for what an engine computed."""
     return sum(rows * width * layers * 2 * (4 * hidden * hidden + 2 * hidden * ffn + 2 * width * hidden)
                for rows, width in shapes)
+
+
+def in_process_rates(artifact: str, engine: str, engine_args: dict, sentences: list[str], threads: int,
+                     tasks: tuple[str, ...] = ("sentiment", "embed")) -> dict[tuple[str, str], float]:
+    """The in-process ceiling's candidates: sentences per second of the server's own batch computation
+    (``serving.engine.run_batch``: the encoder, then the task's head or the pooling) on every sentence in
+    length-sorted batches of 64, no transport and no queue, under each setting that could be the fastest on these
+    cores. Keys: (task, setting). Settings: one engine on all ``threads``, or ``threads`` one-thread engines side by
+    side (what ``--instances`` does); batches padded to their longest row, or as the server pads them (rounded up to a
+    multiple of 8); for ONNX Runtime its thread spinning on and off. Each rate is the best of two passes: one pass is
+    a few seconds, and the machine is shared. The ceiling is the best of them all; the server's padding rule is one of
+    the settings, so a gap it costs shows as a gap."""
+    from concurrent import futures
+
+    from bertzoo.artifact import load_manifest
+    from bertzoo.pipeline import length_sorted_batches
+    from bertzoo.serving.backends import create_backend
+    from bertzoo.serving.engine import Work, prepare_inputs, run_batch
+    from bertzoo.tokenization import Tokenizer, pad_batch
+
+    manifest = load_manifest(artifact)
+    tokenizer = Tokenizer.from_file(Path(artifact) / manifest["tokenizer"])
+    encodings = tokenizer.encode_sentences(sentences, manifest["limits"]["max_seq_length"])
+    pooling = manifest["model"]["pooling"]
+    paddings = {"padded to the longest row": lambda works: pad_batch([w.rows[0] for w in works], tokenizer.pad_id),
+                "padded as the server pads": lambda works: prepare_inputs(works, None, tokenizer.pad_id)}
+
+    def run(backend, task: str, pad, share: list[int]) -> None:
+        for idx in length_sorted_batches([len(encodings[i].input_ids) for i in share], 64):
+            works = [Work(task, (encodings[share[i]],)) for i in idx]
+            run_batch(backend, works, pad(works), pooling)
+
+    def rate(backends: list, task: str, pad) -> float:
+        """Every sentence, the engines side by side on their shares of them."""
+        for backend in backends:
+            run(backend, task, pad, list(range(min(64, len(sentences)))))  # warm-up
+        shares = [list(range(i, len(sentences), len(backends))) for i in range(len(backends))]
+        with futures.ThreadPoolExecutor(len(backends)) as pool:
+            best = min(timed(lambda: list(pool.map(run, backends, [task] * len(backends), [pad] * len(backends),
+                                                   shares))) for _ in range(2))
+        return len(sentences) / best
+
+    rates: dict[tuple[str, str], float] = {}
+    for spinning in ([True, False] if engine == "onnxruntime" else [None]):
+        extra = {} if spinning is None else {"spinning": spinning}
+        for instances in sorted({1, threads}):
+            backends = [create_backend(engine, artifact, threads=max(1, threads // instances), manifest=manifest,
+                                       **engine_args, **extra) for _ in range(instances)]
+            for task in tasks:
+                for padding, pad in paddings.items():
+                    setting = f"{instances} engine(s), {padding}" + (
+                        "" if spinning is None else f", spinning {'on' if spinning else 'off'}")
+                    rates[(task, setting)] = rate(backends, task, pad)
+    return rates

@@ -187,9 +187,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for variant in args.variants:
             for task in args.tasks:
-                # as serve_speed.py: the better of one engine on every thread and one 1-thread engine per thread
-                ceiling = max(in_process_ceiling(args.artifact, variant, task, repeated, args.threads, instances)
-                              for instances in (1, args.threads))
+                # as serve_speed.py: the best over the settings of ceiling.in_process_rates
+                ceiling = in_process_ceiling(args.artifact, variant, repeated, args.threads, (task,))[task]["ceiling"]
                 row = {"variant": variant, "task": task, "ceiling_per_s": ceiling}
                 for generator in ("h2load", "python"):
                     summary = serve_once(args, variant, task, generator, sentences, repeated, Path(tmp))

@@ -8,14 +8,16 @@ sending one SST dev sentence per request, in this order:
 
 1. the machine: the peak rate of one large fp32 and int8 matrix product on these cores (benchmarks/ceiling.py);
 2. the in-process ceiling of each encoder variant (--variants: ONNX Runtime's fp32, optimized and int8 graphs, and
-   where OpenVINO is installed its fp32 and, on a CPU with native bf16, bf16): the same backend and the same
-   pre- and post-processing the server runs, on every sentence in length-sorted batches of 64, no transport, for
-   Sentiment and for Embed; the best of one engine on all threads and of one single-threaded engine per core running
-   side by side (what `--instances` does);
+   where OpenVINO is installed its fp32 and, on a CPU with native bf16, bf16): the server's own batch computation
+   (the same backend, heads and pooling) on every sentence in length-sorted batches of 64, no transport, for
+   Sentiment and for Embed; the best over the settings that could be fastest here (ceiling.in_process_rates: one
+   engine on all threads or one per thread, rows padded to their longest or as the server pads them, ONNX Runtime's
+   spinning on or off). "Ceiling as served" is the best under the server's padding rule, so the two ratios tell the
+   padding the server's batches cost from what the serving itself costs;
 3. `bertzoo serve` with each variant (and each --instances count), answering Sentiment and Embed: sentences/s against
-   that ceiling, the useful
-   encoder work (unpadded tokens, in FLOPs) against the matrix-product peak of its precision, and the CPU the server
-   and the load generator each used (they share the cores);
+   that ceiling, the useful encoder work (unpadded tokens, in FLOPs) against the matrix-product peak of its
+   precision, the CPU the server and the load generator each used (they share the cores), and from the server's
+   metrics its batches' padding efficiency (real tokens / padded tokens) and rows per batch;
 4. with --infinity: infinity-emb 0.0.78 on the same MiniLM at its CPU engines (torch; optimum = ONNX Runtime, fp32
    graph-optimized and int8), answering /embeddings to an HTTP load generator of the same shape
    (benchmarks/peers/http_load.py, run with the peer's Python);
@@ -42,7 +44,7 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-from ceiling import encoder_flops, gemm_peak_gflops
+from ceiling import encoder_flops, gemm_peak_gflops, in_process_rates
 from processes import answers_sentiment, cpu_seconds, free_port, memory_mb, start, start_bertzoo, stop
 from timing import machine
 
@@ -78,46 +80,31 @@ def own_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def in_process_ceiling(artifact: str, variant: str, task: str, sentences: list[str], threads: int,
-                       instances: int = 1) -> float:
-    """Sentences per second through the backend and the shared pre- and post-processing, batches of 64; with
-    ``instances`` engines of ``threads // instances`` threads each working on their share side by side."""
-    from bertzoo import pipeline
-    from bertzoo.artifact import load_manifest
-    from bertzoo.serving.backends import create_backend
-    from bertzoo.serving.engine import pool_embeddings
-    from bertzoo.tasks import Limits
-    from bertzoo.tokenization import Tokenizer, pad_batch
-
-    manifest = load_manifest(artifact)
+def in_process_ceiling(artifact: str, variant: str, sentences: list[str], threads: int,
+                       tasks: tuple[str, ...] = TASKS) -> dict[str, dict]:
+    """Per task: the variant's in-process ceiling (``ceiling.in_process_rates``: the best over its settings), the
+    best under the server's own padding rule, and every setting's rate."""
     engine, engine_args = VARIANTS[variant][:2]
-    # ONNX Runtime spinning on: with the cores to itself this is its best (the server turns it off, --ort-spinning).
-    spinning = {"spinning": True} if engine == "onnxruntime" else {}
-    backends = [create_backend(engine, artifact, threads=max(1, threads // instances), manifest=manifest,
-                               **engine_args, **spinning) for _ in range(instances)]
-    tokenizer = Tokenizer.from_file(Path(artifact) / manifest["tokenizer"])
-    limits = Limits(**manifest["limits"])
+    rates = in_process_rates(artifact, engine, engine_args, sentences, threads, tasks)
+    return {task: {"ceiling": max(r for (t, _), r in rates.items() if t == task),
+                   "as_served": max(r for (t, s), r in rates.items() if t == task and "as the server" in s),
+                   "settings": {s: r for (t, s), r in rates.items() if t == task}} for task in tasks}
 
-    def sentiment(backend, texts: list[str]) -> None:
-        examples = [SentenceExample(str(i), s, None) for i, s in enumerate(texts)]
-        pipeline.predict(backend, "sentiment", examples, tokenizer, limits, 64)
 
-    def embed(backend, texts: list[str]) -> None:
-        encodings = tokenizer.encode_sentences(texts, limits.max_seq_length)
-        for idx in pipeline.length_sorted_batches([len(e.input_ids) for e in encodings], 64):
-            batch = pad_batch([encodings[i] for i in idx], tokenizer.pad_id, pad_to_multiple_of=8)
-            pool_embeddings(backend.encode(batch), batch["attention_mask"], manifest["model"]["pooling"])
+def batch_counters(metrics_port: int) -> dict[str, float]:
+    """The server's batch counters from its /metrics: batches, encoder rows and padded tokens so far."""
+    import urllib.request
 
-    run = sentiment if task == "sentiment" else embed
-    for backend in backends:
-        run(backend, sentences[:64])  # warm-up
-    best = float("inf")
-    with futures.ThreadPoolExecutor(instances) as pool:
-        for _ in range(2):  # the best of two passes: one pass is a few seconds, and the machine is shared
-            started = time.perf_counter()
-            list(pool.map(run, backends, [sentences[i::instances] for i in range(instances)]))
-            best = min(best, time.perf_counter() - started)
-    return len(sentences) / best
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    totals = {"bertzoo_batch_size_count": 0.0, "bertzoo_batch_size_sum": 0.0, "bertzoo_batch_tokens_sum": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in totals:
+                totals[sample.name] += sample.value
+    return totals
 
 
 def measured_load(pid: int, load) -> dict:
@@ -259,13 +246,15 @@ def report(results: dict) -> None:
     print(f"\nGEMM peak, {results['threads']} threads: fp32 {peaks['fp32']:.0f} GFLOP/s, int8 {peaks['int8']:.0f}; "
           f"MiniLM does {results['mflop_per_token']:.1f} MFLOP per token on these sentences (mean "
           f"{results['mean_tokens']:.1f} tokens)")
-    print("\n| setup | RPC | sentences/s | / in-process ceiling | / GEMM peak | p50 ms | p99 ms | server cores | "
-          "load generator cores | errors |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| setup | RPC | sentences/s | / in-process ceiling | / ceiling as served | / GEMM peak | p50 ms | "
+          "p99 ms | server cores | load generator cores | padding efficiency | rows per batch | errors |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in results["rows"]:
         cells = [row["setup"], row["rpc"], f"{row['items_per_s']:.1f}", _fmt(row.get("of_ceiling")),
-                 _fmt(row.get("of_gemm_peak")), _fmt(row.get("p50_ms"), 1), _fmt(row.get("p99_ms"), 1),
-                 _fmt(row.get("server_cores")), _fmt(row.get("load_generator_cores")), str(row.get("errors", "-"))]
+                 _fmt(row.get("of_as_served_ceiling")), _fmt(row.get("of_gemm_peak")), _fmt(row.get("p50_ms"), 1),
+                 _fmt(row.get("p99_ms"), 1), _fmt(row.get("server_cores")), _fmt(row.get("load_generator_cores")),
+                 _fmt(row.get("padding_efficiency")), _fmt(row.get("mean_batch_rows"), 1),
+                 str(row.get("errors", "-"))]
         print("| " + " | ".join(cells) + " |")
     for name, ratio in results.get("against_infinity", {}).items():
         print(f"{name}: {ratio:.2f}x")
@@ -308,6 +297,8 @@ def main() -> None:
     if unknown := [v for v in variants if v not in VARIANTS]:
         parser.error(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
     from bertzoo.artifact import load_manifest
+    from bertzoo.pipeline import length_sorted_batches
+    from bertzoo.serving.engine import padded_width
     from bertzoo.tokenization import Tokenizer
 
     manifest = load_manifest(args.artifact)
@@ -318,6 +309,10 @@ def main() -> None:
     flop = encoder_flops([(1, n) for n in lengths], encoder["num_hidden_layers"], encoder["hidden_size"],
                          encoder["intermediate_size"])
     flop_per_sentence = flop / len(sentences)
+    sorted_batches = [[lengths[i] for i in idx] for idx in length_sorted_batches(lengths, 64)]
+    sorted_padding = {  # real tokens / padded tokens of the in-process ceiling's batches, per padding rule
+        "padded to the longest row": sum(lengths) / sum(len(b) * max(b) for b in sorted_batches),
+        "padded as the server pads": sum(lengths) / sum(len(b) * padded_width(max(b)) for b in sorted_batches)}
     print(f"{len(sentences)} sentences from {args.data}; {args.concurrency} clients; {args.duration:.0f} s per load; "
           f"{args.threads} backend threads; {os.cpu_count()} cores shared with the load generator", flush=True)
     results: dict = {**machine(), "threads": args.threads, "concurrency": args.concurrency,
@@ -338,29 +333,34 @@ def main() -> None:
         row = {"setup": setup, "rpc": rpc, "items_per_s": items_per_s, "useful_gflops": items_per_s * flop_per_sentence
                / 1e9, "gemm_precision": precision, **extra}
         if variant is not None and "in-process" not in setup:
-            row["of_ceiling"] = items_per_s / ceilings[(variant, rpc)]
+            row["of_ceiling"] = items_per_s / ceilings[(variant, rpc)]["ceiling"]
+            row["of_as_served_ceiling"] = items_per_s / ceilings[(variant, rpc)]["as_served"]
         results["rows"].append(row)
         return row
 
     for variant in variants:  # each variant's ceiling measured just before its servers: the machine drifts
         measure_gemm_peaks()
-        for task in TASKS:
-            rates = {n: in_process_ceiling(args.artifact, variant, task, sentences, args.threads, n)
-                     for n in sorted({1, args.threads})}
-            ceilings[(variant, task)] = max(rates.values())
-            for n, rate in rates.items():
-                add(f"in-process ceiling, {variant}, {n} engine(s)", task, rate, variant)
+        for task, found in in_process_ceiling(args.artifact, variant, sentences, args.threads).items():
+            ceilings[(variant, task)] = found
+            for setting, rate in found["settings"].items():
+                add(f"in-process, {variant}, {setting}", task, rate, variant,
+                    padding_efficiency=sorted_padding[setting.split(", ")[1]])
         for instances in instance_counts:
-            name, port = f"bertzoo serve, {variant}, --instances {instances}", free_port()
+            name, port, metrics_port = f"bertzoo serve, {variant}, --instances {instances}", free_port(), free_port()
             server = start_bertzoo(args.artifact, port, *VARIANTS[variant][2], "--threads", str(args.threads),
-                                   "--instances", str(instances))
+                                   "--instances", str(instances), metrics_port=metrics_port)
             try:
                 for task in TASKS:
+                    before = batch_counters(metrics_port)
                     s = measured_load(server.pid, lambda t=task, p=port: closed_loop(p, t, sentences,
                                                                                      args.concurrency, args.duration))
+                    batches = {k: v - before[k] for k, v in batch_counters(metrics_port).items()}
+                    # the load cycles through the sentences, so the served rows average the set's mean length
                     add(name, task, s["items_per_s"], variant, p50_ms=s["p50_ms"], p99_ms=s["p99_ms"],
                         server_cores=s["server_cores"], load_generator_cores=s["load_generator_cores"],
-                        errors=sum(s["errors"].values()))
+                        errors=sum(s["errors"].values()), padding_efficiency=batches["bertzoo_batch_size_sum"]
+                        * results["mean_tokens"] / max(batches["bertzoo_batch_tokens_sum"], 1.0),
+                        mean_batch_rows=batches["bertzoo_batch_size_sum"] / max(batches["bertzoo_batch_size_count"], 1))
                     print(f"{name}, {task}: {s['items_per_s']:.1f} sentences/s", flush=True)
                 if variant == variants[0] and instances == instance_counts[-1]:
                     half = results["rows"][-2]["items_per_s"] / 2  # its Sentiment saturation
