@@ -64,15 +64,17 @@ def encoder_flops(shapes: list[tuple[int, int]], layers: int, hidden: int, ffn: 
 
 
 def in_process_rates(artifact: str, engine: str, engine_args: dict, sentences: list[str], threads: int,
-                     tasks: tuple[str, ...] = ("sentiment", "embed")) -> dict[tuple[str, str], float]:
+                     tasks: tuple[str, ...] = ("sentiment", "embed"),
+                     batch_sizes: tuple[int, ...] = (16, 64)) -> dict[tuple[str, str], dict]:
     """The in-process ceiling's candidates: sentences per second of the server's own batch computation
     (``serving.engine.run_batch``: the encoder, then the task's head or the pooling) on every sentence in
-    length-sorted batches of 64, no transport and no queue, under each setting that could be the fastest on these
-    cores. Keys: (task, setting). Settings: one engine on all ``threads``, or ``threads`` one-thread engines side by
-    side (what ``--instances`` does); batches padded to their longest row, or as the server pads them (rounded up to a
+    length-sorted batches, no transport and no queue, under each setting that could be the fastest on these cores.
+    Keys: (task, setting); values: ``rate``, the batches' ``padding_efficiency`` (real / padded tokens) and whether
+    the setting pads ``as_served``. Settings: one engine on all ``threads``, or ``threads`` one-thread engines side by
+    side (what ``--instances`` does); batches of each of ``batch_sizes`` rows (smaller ones can be faster on a CPU:
+    their activations stay in cache); rows padded to the batch's longest, or as the server pads them (rounded up to a
     multiple of 8); for ONNX Runtime its thread spinning on and off. Each rate is the best of two passes: one pass is
-    a few seconds, and the machine is shared. The ceiling is the best of them all; the server's padding rule is one of
-    the settings, so a gap it costs shows as a gap."""
+    a few seconds, and the machine is shared. The ceiling is the best of them all."""
     from concurrent import futures
 
     from bertzoo.artifact import load_manifest
@@ -88,30 +90,42 @@ def in_process_rates(artifact: str, engine: str, engine_args: dict, sentences: l
     paddings = {"padded to the longest row": lambda works: pad_batch([w.rows[0] for w in works], tokenizer.pad_id),
                 "padded as the server pads": lambda works: prepare_inputs(works, None, tokenizer.pad_id)}
 
-    def run(backend, task: str, pad, share: list[int]) -> None:
-        for idx in length_sorted_batches([len(encodings[i].input_ids) for i in share], 64):
+    def batches(task: str, pad, share: list[int], rows: int):
+        for idx in length_sorted_batches([len(encodings[i].input_ids) for i in share], rows):
             works = [Work(task, (encodings[share[i]],)) for i in idx]
-            run_batch(backend, works, pad(works), pooling)
+            yield works, pad(works)
 
-    def rate(backends: list, task: str, pad) -> float:
+    def run(backend, task: str, pad, share: list[int], rows: int) -> None:
+        for works, inputs in batches(task, pad, share, rows):
+            run_batch(backend, works, inputs, pooling)
+
+    def rate(backends: list, task: str, pad, rows: int) -> float:
         """Every sentence, the engines side by side on their shares of them."""
         for backend in backends:
-            run(backend, task, pad, list(range(min(64, len(sentences)))))  # warm-up
+            run(backend, task, pad, list(range(min(64, len(sentences)))), rows)  # warm-up
         shares = [list(range(i, len(sentences), len(backends))) for i in range(len(backends))]
-        with futures.ThreadPoolExecutor(len(backends)) as pool:
-            best = min(timed(lambda: list(pool.map(run, backends, [task] * len(backends), [pad] * len(backends),
-                                                   shares))) for _ in range(2))
+        n = len(backends)
+        with futures.ThreadPoolExecutor(n) as pool:
+            best = min(timed(lambda: list(pool.map(run, backends, [task] * n, [pad] * n, shares, [rows] * n)))
+                       for _ in range(2))
         return len(sentences) / best
 
-    rates: dict[tuple[str, str], float] = {}
+    def padding_efficiency(pad, rows: int) -> float:
+        masks = [inputs["attention_mask"] for _, inputs in batches("embed", pad, list(range(len(sentences))), rows)]
+        return sum(int(m.sum()) for m in masks) / sum(m.size for m in masks)
+
+    found: dict[tuple[str, str], dict] = {}
     for spinning in ([True, False] if engine == "onnxruntime" else [None]):
         extra = {} if spinning is None else {"spinning": spinning}
         for instances in sorted({1, threads}):
             backends = [create_backend(engine, artifact, threads=max(1, threads // instances), manifest=manifest,
                                        **engine_args, **extra) for _ in range(instances)]
             for task in tasks:
-                for padding, pad in paddings.items():
-                    setting = f"{instances} engine(s), {padding}" + (
-                        "" if spinning is None else f", spinning {'on' if spinning else 'off'}")
-                    rates[(task, setting)] = rate(backends, task, pad)
-    return rates
+                for rows in batch_sizes:
+                    for padding, pad in paddings.items():
+                        setting = f"{instances} engine(s), batches of {rows}, {padding}" + (
+                            "" if spinning is None else f", spinning {'on' if spinning else 'off'}")
+                        found[(task, setting)] = {"rate": rate(backends, task, pad, rows),
+                                                  "padding_efficiency": padding_efficiency(pad, rows),
+                                                  "as_served": pad is paddings["padded as the server pads"]}
+    return found

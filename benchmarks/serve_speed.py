@@ -9,11 +9,11 @@ sending one SST dev sentence per request, in this order:
 1. the machine: the peak rate of one large fp32 and int8 matrix product on these cores (benchmarks/ceiling.py);
 2. the in-process ceiling of each encoder variant (--variants: ONNX Runtime's fp32, optimized and int8 graphs, and
    where OpenVINO is installed its fp32 and, on a CPU with native bf16, bf16): the server's own batch computation
-   (the same backend, heads and pooling) on every sentence in length-sorted batches of 64, no transport, for
-   Sentiment and for Embed; the best over the settings that could be fastest here (ceiling.in_process_rates: one
-   engine on all threads or one per thread, rows padded to their longest or as the server pads them, ONNX Runtime's
-   spinning on or off). "Ceiling as served" is the best under the server's padding rule, so the two ratios tell the
-   padding the server's batches cost from what the serving itself costs;
+   (the same backend, heads and pooling) on every sentence in length-sorted batches, no transport, for Sentiment
+   and for Embed; the best over the settings that could be fastest here (ceiling.in_process_rates: one engine on
+   all threads or one per thread, batches of 16 or 64 rows, rows padded to their longest or as the server pads
+   them, ONNX Runtime's spinning on or off). "Ceiling as served" is the best of the settings that pad as the
+   server does: the two ratios tell what the padding rule costs from what the serving itself costs;
 3. `bertzoo serve` with each variant (and each --instances count), answering Sentiment and Embed: sentences/s against
    that ceiling, the useful encoder work (unpadded tokens, in FLOPs) against the matrix-product peak of its
    precision, the CPU the server and the load generator each used (they share the cores), and from the server's
@@ -83,12 +83,12 @@ def own_cpu_seconds() -> float:
 def in_process_ceiling(artifact: str, variant: str, sentences: list[str], threads: int,
                        tasks: tuple[str, ...] = TASKS) -> dict[str, dict]:
     """Per task: the variant's in-process ceiling (``ceiling.in_process_rates``: the best over its settings), the
-    best under the server's own padding rule, and every setting's rate."""
+    best of the settings that pad as the server does, and every setting's rate and padding efficiency."""
     engine, engine_args = VARIANTS[variant][:2]
-    rates = in_process_rates(artifact, engine, engine_args, sentences, threads, tasks)
-    return {task: {"ceiling": max(r for (t, _), r in rates.items() if t == task),
-                   "as_served": max(r for (t, s), r in rates.items() if t == task and "as the server" in s),
-                   "settings": {s: r for (t, s), r in rates.items() if t == task}} for task in tasks}
+    found = in_process_rates(artifact, engine, engine_args, sentences, threads, tasks)
+    return {task: {"ceiling": max(f["rate"] for (t, _), f in found.items() if t == task),
+                   "as_served": max(f["rate"] for (t, _), f in found.items() if t == task and f["as_served"]),
+                   "settings": {s: f for (t, s), f in found.items() if t == task}} for task in tasks}
 
 
 def batch_counters(metrics_port: int) -> dict[str, float]:
@@ -297,8 +297,6 @@ def main() -> None:
     if unknown := [v for v in variants if v not in VARIANTS]:
         parser.error(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
     from bertzoo.artifact import load_manifest
-    from bertzoo.pipeline import length_sorted_batches
-    from bertzoo.serving.engine import padded_width
     from bertzoo.tokenization import Tokenizer
 
     manifest = load_manifest(args.artifact)
@@ -309,10 +307,6 @@ def main() -> None:
     flop = encoder_flops([(1, n) for n in lengths], encoder["num_hidden_layers"], encoder["hidden_size"],
                          encoder["intermediate_size"])
     flop_per_sentence = flop / len(sentences)
-    sorted_batches = [[lengths[i] for i in idx] for idx in length_sorted_batches(lengths, 64)]
-    sorted_padding = {  # real tokens / padded tokens of the in-process ceiling's batches, per padding rule
-        "padded to the longest row": sum(lengths) / sum(len(b) * max(b) for b in sorted_batches),
-        "padded as the server pads": sum(lengths) / sum(len(b) * padded_width(max(b)) for b in sorted_batches)}
     print(f"{len(sentences)} sentences from {args.data}; {args.concurrency} clients; {args.duration:.0f} s per load; "
           f"{args.threads} backend threads; {os.cpu_count()} cores shared with the load generator", flush=True)
     results: dict = {**machine(), "threads": args.threads, "concurrency": args.concurrency,
@@ -342,9 +336,9 @@ def main() -> None:
         measure_gemm_peaks()
         for task, found in in_process_ceiling(args.artifact, variant, sentences, args.threads).items():
             ceilings[(variant, task)] = found
-            for setting, rate in found["settings"].items():
-                add(f"in-process, {variant}, {setting}", task, rate, variant,
-                    padding_efficiency=sorted_padding[setting.split(", ")[1]])
+            for setting, f in found["settings"].items():
+                add(f"in-process, {variant}, {setting}", task, f["rate"], variant,
+                    padding_efficiency=f["padding_efficiency"])
         for instances in instance_counts:
             name, port, metrics_port = f"bertzoo serve, {variant}, --instances {instances}", free_port(), free_port()
             server = start_bertzoo(args.artifact, port, *VARIANTS[variant][2], "--threads", str(args.threads),
