@@ -114,6 +114,8 @@ def in_process_rates(artifact: str, engine: str, engine_args: dict, sentences: l
         masks = [inputs["attention_mask"] for _, inputs in batches("embed", pad, list(range(len(sentences))), rows)]
         return sum(int(m.sum()) for m in masks) / sum(m.size for m in masks)
 
+    efficiency = {(rows, padding): padding_efficiency(pad, rows) for rows in batch_sizes
+                  for padding, pad in paddings.items()}
     found: dict[tuple[str, str], dict] = {}
     for spinning in ([True, False] if engine == "onnxruntime" else [None]):
         extra = {} if spinning is None else {"spinning": spinning}
@@ -126,6 +128,6 @@ def in_process_rates(artifact: str, engine: str, engine_args: dict, sentences: l
                         setting = f"{instances} engine(s), batches of {rows}, {padding}" + (
                             "" if spinning is None else f", spinning {'on' if spinning else 'off'}")
                         found[(task, setting)] = {"rate": rate(backends, task, pad, rows),
-                                                  "padding_efficiency": padding_efficiency(pad, rows),
-                                                  "as_served": pad is paddings["padded as the server pads"]}
+                                                  "padding_efficiency": efficiency[(rows, padding)],
+                                                  "as_served": padding == "padded as the server pads"}
     return found
