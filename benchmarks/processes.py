@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -85,3 +86,15 @@ def memory_mb(pid: int) -> dict[str, float]:
     """Resident memory now (VmRSS) and at its peak (VmHWM), MB."""
     status = Path(f"/proc/{pid}/status").read_text()
     return {key: int(re.search(rf"{key}:\s+(\d+)", status).group(1)) / 1024 for key in ("VmRSS", "VmHWM")}
+
+
+def scrape_metrics(port: int) -> dict[str, float]:
+    """A server's Prometheus metrics as {"name{labels}": value} (sums and counts of the histograms included)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            values[key] = float(value)
+    return values

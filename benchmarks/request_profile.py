@@ -31,11 +31,10 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from processes import free_port, start_bertzoo, stat_cpu_seconds, stop
+from processes import free_port, scrape_metrics, start_bertzoo, stat_cpu_seconds, stop
 from timing import machine
 
 from bertzoo.serving.load import load_items, run_load
@@ -82,18 +81,6 @@ def python_threads(py_spy: str, pid: int) -> dict[int, str]:
     return {t["os_thread_id"]: t.get("thread_name") or "?" for t in threads if t.get("os_thread_id")}
 
 
-def scrape(port: int) -> dict[str, float]:
-    """The server's metrics as {"name{labels}": value} (sums and counts of the histograms included)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    values = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            values[key] = float(value)
-    return values
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("artifact")
@@ -122,10 +109,10 @@ def main() -> None:
         spy = subprocess.Popen([args.py_spy, "record", "--pid", str(server.pid), "--rate", str(args.rate),
                                 "--duration", str(int(args.seconds)), "--format", "raw", "--nonblocking",
                                 "--output", str(profile)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        before, metrics_before, t0 = thread_cpu(server.pid), scrape(metrics_port), time.perf_counter()
+        before, metrics_before, t0 = thread_cpu(server.pid), scrape_metrics(metrics_port), time.perf_counter()
         load = asyncio.run(run_load(target, args.task, sentences, concurrency=args.concurrency,
                                     duration=args.seconds)).summary()
-        after, metrics_after, wall = thread_cpu(server.pid), scrape(metrics_port), time.perf_counter() - t0
+        after, metrics_after, wall = thread_cpu(server.pid), scrape_metrics(metrics_port), time.perf_counter() - t0
         spy.wait(120)
     finally:
         stop(server)

@@ -25,11 +25,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from functools import partial
 from pathlib import Path
 
-from processes import cpu_seconds, free_port, start_bertzoo, stop
+from processes import cpu_seconds, free_port, scrape_metrics, start_bertzoo, stop
 from serve_speed import (
     INFINITY_ENGINES,
     VARIANTS,
@@ -60,10 +59,10 @@ def quantile_sentences(artifact: str, sentences: list[str], groups: int) -> list
 
 def ok_answers(metrics_port: int, task: str) -> dict[str, float]:
     """bertzoo_requests_total of ``task`` by status code, from the server's Prometheus endpoint."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
     counts: dict[str, float] = {}
-    for code, value in re.findall(rf'^bertzoo_requests_total{{code="(\w+)",task="{task}"}} (\S+)$', text, re.M):
-        counts[code] = float(value)
+    for key, value in scrape_metrics(metrics_port).items():
+        if found := re.fullmatch(rf'bertzoo_requests_total{{code="(\w+)",task="{task}"}}', key):
+            counts[found.group(1)] = value
     return counts
 
 

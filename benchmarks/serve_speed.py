@@ -45,7 +45,16 @@ from pathlib import Path
 import grpc
 import numpy as np
 from ceiling import encoder_flops, gemm_peak_gflops, in_process_rates
-from processes import answers_sentiment, cpu_seconds, free_port, memory_mb, start, start_bertzoo, stop
+from processes import (
+    answers_sentiment,
+    cpu_seconds,
+    free_port,
+    memory_mb,
+    scrape_metrics,
+    start,
+    start_bertzoo,
+    stop,
+)
 from timing import machine
 
 from bertzoo.data import SentenceExample
@@ -93,17 +102,10 @@ def in_process_ceiling(artifact: str, variant: str, sentences: list[str], thread
 
 def batch_counters(metrics_port: int) -> dict[str, float]:
     """The server's batch counters from its /metrics: batches, encoder rows and padded tokens so far."""
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
-        text = response.read().decode()
     totals = {"bertzoo_batch_size_count": 0.0, "bertzoo_batch_size_sum": 0.0, "bertzoo_batch_tokens_sum": 0.0}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in totals:
-                totals[sample.name] += sample.value
+    for key, value in scrape_metrics(metrics_port).items():
+        if (name := key.split("{")[0]) in totals:
+            totals[name] += value
     return totals
 
 
