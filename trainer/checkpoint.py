@@ -74,11 +74,15 @@ def save_checkpoint(
     trainer_state: dict,
     keep: int = 2,
     is_best: bool = False,
+    state_tensors: dict[str, torch.Tensor] | None = None,
 ) -> Path:
+    """``state_tensors``: more tensors for --resume (e.g. the raw weights beside averaged ones), kept in the trainer
+    state."""
     name = f"checkpoint-{step:06d}"
     final = out_dir / name
     config = {"model": model.config.to_dict(), "train": train_config, "step": step, "bertzoo_version": bertzoo.__version__}
-    tensors = {"rng.torch": torch.get_rng_state()}
+    tensors = {"rng.torch": torch.get_rng_state(), **{k: v.detach().cpu().contiguous()
+                                                      for k, v in (state_tensors or {}).items()}}
     meta = dict(trainer_state)
     if optimizer is not None:
         opt_tensors, opt_meta = _optimizer_to_files(optimizer)
@@ -150,8 +154,9 @@ def load_model(path: str | Path) -> tuple[MultitaskModel, dict, Path]:
     return model, config, directory
 
 
-def load_trainer_state(directory: Path) -> tuple[dict, dict | None, torch.Tensor]:
-    """(trainer state JSON, optimizer state_dict or None, torch RNG state) of a checkpoint, for --resume."""
+def load_trainer_state(directory: Path) -> tuple[dict, dict | None, dict[str, torch.Tensor]]:
+    """(trainer state JSON, optimizer state_dict or None, its tensors: "rng.torch", the optimizer's and any
+    ``state_tensors`` saved with it) of a checkpoint, for --resume."""
     try:
         meta = json.loads((directory / STATE_JSON).read_text(encoding="utf-8"))
         tensors = load_file(str(directory / STATE_TENSORS))
@@ -160,4 +165,4 @@ def load_trainer_state(directory: Path) -> tuple[dict, dict | None, torch.Tensor
                               f"truncated or corrupt ({e}); resume from another checkpoint by pointing LATEST at it, "
                               "or start a new run") from e
     optimizer = _optimizer_from_files(tensors, meta["optimizer"]) if "optimizer" in meta else None
-    return meta, optimizer, tensors["rng.torch"]
+    return meta, optimizer, tensors

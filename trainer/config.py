@@ -69,6 +69,9 @@ class TrainConfig:
     weight_decay: float = 0.01
     warmup_ratio: float = 0.1
     grad_clip: float = 1.0
+    # Evaluate and save an exponential moving average of the weights over about this share of the run's steps
+    # (trainer/averaging.py); 0: the last step's weights
+    weight_average: float = 0.0
     sampling: str = "proportional"
     # a task's size for the proportional and annealed samplers and for the epoch length is multiplied by its weight,
     # e.g. {"sentiment": 0.05}: SST phrases in the pool, but the steps of the sentences alone
@@ -123,6 +126,9 @@ class TrainConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if not 0.0 < self.lr_layer_decay <= 1.0:
             raise ValueError(f"lr_layer_decay must be in (0, 1] (1: off), got {self.lr_layer_decay}")
+        if not 0.0 <= self.weight_average <= 1.0:
+            raise ValueError(f"weight_average must be in [0, 1] (a share of the run's steps; 0: off), got "
+                             f"{self.weight_average}")
         if self.batch_tokens is not None and self.batch_tokens < 1:
             raise ValueError(f"batch_tokens must be >= 1, got {self.batch_tokens}")
         if self.batch_tokens_tasks and (self.batch_tokens is None

@@ -30,6 +30,7 @@ from bertzoo.tasks import task_spec
 from bertzoo.tokenization import Tokenizer
 
 from . import checkpoint as ckpt
+from .averaging import RAW_PREFIX, WeightAverage, averaged
 from .batches import TaskStream, build_features, collate, task_for_step
 from .calibration import calibrate_null_threshold
 from .config import TrainConfig
@@ -204,14 +205,17 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
     objectives = build_objectives(config, tokenizer)
     needs_attentions = any(o.needs_attentions for o in objectives)
     optimizer = make_optimizer(model, config.lr, config.weight_decay, config.head_lr, config.lr_layer_decay)
+    average = WeightAverage(model, config.weight_average, total_steps) if config.weight_average else None
     start_step, best, metrics = 0, float("-inf"), {}
     if resume and (out_dir / "LATEST").exists():
         directory = ckpt.resolve_checkpoint(out_dir, prefer="LATEST")
         model.load_state_dict(load_file(str(directory / ckpt.WEIGHTS)))
-        meta, opt_state, rng = ckpt.load_trainer_state(directory)
+        meta, opt_state, state_tensors = ckpt.load_trainer_state(directory)
+        if average is not None and any(k.startswith(RAW_PREFIX) for k in state_tensors):
+            average.resume(state_tensors, meta.get("average_updates", 0))
         if opt_state is not None:
             optimizer.load_state_dict(opt_state)
-        torch.set_rng_state(rng)
+        torch.set_rng_state(state_tensors["rng.torch"])
         for task, state in meta["streams"].items():
             streams[task].load_state_dict(state)
         if prioritizer is not None and "prioritizer" in meta:
@@ -261,6 +265,8 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            if average is not None:
+                average.update()
             step_seconds.setdefault(task, []).append(time.perf_counter() - step_started)
             bar.update(1)
             bar.set_postfix(task=task, loss=f"{loss.item():.3f}")
@@ -284,25 +290,31 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
                         log_file.write(json.dumps({"step": done, "dtp": dtp}) + "\n")
                         log_file.flush()
                 broadcast(prioritizer)
-            extra_state = {"prioritizer": prioritizer.state_dict()} if prioritizer else None
+            extra_state = {"prioritizer": prioritizer.state_dict()} if prioritizer else {}
+            if average is not None:
+                extra_state["average_updates"] = average.updates
             if done % epoch_steps == 0 or done == total_steps:
-                metrics, best = _end_of_epoch(config, env, model, optimizer, tokenizer, dev_splits, calibration,
-                                              streams, done, best, log_file, extra_state)
+                with averaged(average) as raw:  # evaluated and saved: the averaged weights, if averaging
+                    metrics, best = _end_of_epoch(config, env, model, optimizer, tokenizer, dev_splits, calibration,
+                                                  streams, done, best, log_file, extra_state, raw)
                 last_save = time.perf_counter()
             elif _checkpoint_due(config, env, done, last_save):
-                _save(config, env, model, optimizer, tokenizer, {}, streams, done, best, False, extra_state)
+                with averaged(average) as raw:
+                    _save(config, env, model, optimizer, tokenizer, {}, streams, done, best, False, extra_state, raw)
                 last_save = time.perf_counter()
     finally:
         bar.close()
         if log_file:
             log_file.close()
+    if average is not None:
+        average.keep()  # the model returned is the one saved
     return model, metrics
 
 
 def _end_of_epoch(config: TrainConfig, env: Dist, model: MultitaskModel, optimizer: torch.optim.Optimizer,
                   tokenizer: Tokenizer, dev_splits: dict[str, list], calibration: list,
-                  streams: dict[str, TaskStream], step: int, best: float, log_file, extra_state: dict | None = None
-                  ) -> tuple[dict, float]:
+                  streams: dict[str, TaskStream], step: int, best: float, log_file, extra_state: dict | None = None,
+                  state_tensors: dict | None = None) -> tuple[dict, float]:
     """Rank 0 fits the no-answer threshold (if QA questions were held out for it), evaluates on dev (if asked) and
     saves a checkpoint; the other ranks wait for it."""
     metrics: dict = {}
@@ -337,19 +349,20 @@ def _end_of_epoch(config: TrainConfig, env: Dist, model: MultitaskModel, optimiz
             log_file.flush()
             training_curves(Path(config.out_dir) / "train_log.jsonl", Path(config.out_dir) / "curves.png")
     _save(config, env, model, optimizer, tokenizer, metrics, streams, step, best, is_best or not dev_splits,
-          extra_state)
+          extra_state, state_tensors)
     return metrics, best
 
 
 def _save(config: TrainConfig, env: Dist, model: MultitaskModel, optimizer: torch.optim.Optimizer,
           tokenizer: Tokenizer, metrics: dict, streams: dict[str, TaskStream], step: int, best: float, is_best: bool,
-          extra_state: dict | None) -> None:
+          extra_state: dict | None, state_tensors: dict | None = None) -> None:
     """Rank 0 writes a checkpoint (atomically; everything --resume needs); the other ranks wait for it."""
     if env.is_main:
         state = {"step": step, "best": best, "streams": {t: s.state_dict() for t, s in streams.items()},
                  **(extra_state or {})}
         path = ckpt.save_checkpoint(Path(config.out_dir), step, model, config.to_dict(), tokenizer.to_str(), metrics,
-                                    optimizer, state, keep=config.keep_checkpoints, is_best=is_best)
+                                    optimizer, state, keep=config.keep_checkpoints, is_best=is_best,
+                                    state_tensors=state_tensors)
         log.info("saved %s%s", path, " (best so far)" if is_best and metrics else "")
     if env.world_size > 1:
         dist.barrier()
