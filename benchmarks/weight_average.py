@@ -6,9 +6,9 @@
 Each seed is one ``bertzoo train`` run with ``--set weight_average=SHARE`` (and the options after ``--``). Averaging
 does not change training (the raw weights follow the same steps, and no random number is drawn for it), so the run's
 checkpoint holds both arms of a paired comparison: the averaged weights (its ``model.safetensors``, evaluated by
-training itself) and the raw last-step weights (kept in its trainer state for --resume), evaluated here on the same
-dev sets. The seed's noise falls on both arms alike; the table gives each seed's difference and their mean with a
-95% t interval. (QA's no-answer threshold is the one training fitted for the averaged weights: the raw arm's QA F1
+training itself, or here after a ``--no-eval`` run) and the raw last-step weights (kept in its trainer state for
+--resume), evaluated here on the same dev sets. The seed's noise falls on both arms alike; the table gives each
+seed's difference and their mean with a 95% t interval. (QA's no-answer threshold is the one training fitted for the averaged weights: the raw arm's QA F1
 is scored with it too.)
 """
 
@@ -31,8 +31,8 @@ from zoo_claims import T975  # noqa: E402
 from bertzoo.atomic import atomic_write_text  # noqa: E402
 
 
-def raw_dev_metrics(run: Path, data: str) -> dict:
-    """Dev metrics of the run's last checkpoint with its raw (last-step) weights put back."""
+def dev_metrics(run: Path, data: str, raw_weights: bool) -> dict:
+    """Dev metrics of the run's last checkpoint: its averaged weights, or its raw (last-step) weights put back."""
     import torch
 
     from bertzoo.tokenization import Tokenizer
@@ -48,9 +48,10 @@ def raw_dev_metrics(run: Path, data: str) -> dict:
            if k.startswith(RAW_PREFIX)}
     if not raw:
         raise SystemExit(f"{directory}: no raw weights in its trainer state; was it trained with weight_average?")
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            param.copy_(raw[name])
+    if raw_weights:
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                param.copy_(raw[name])
     train_config = TrainConfig.from_dict(config["train"])
     train_config.data_dir = data
     return evaluate(model, load_splits(train_config, "dev", None), Tokenizer.from_file(directory / TOKENIZER),
@@ -85,8 +86,9 @@ def main() -> None:
                         "--no-progress", "--save-every-minutes", "10", "--set", f"weight_average={args.share}",
                         *options, *resume], check=True, stdout=subprocess.DEVNULL)
         records = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
-        averaged = primary([r["dev"] for r in records if "dev" in r][-1])
-        raw = primary(raw_dev_metrics(run, args.data))
+        evaluated = [r["dev"] for r in records if "dev" in r]  # none when trained with --no-eval
+        averaged = primary(evaluated[-1] if evaluated else dev_metrics(run, args.data, raw_weights=False))
+        raw = primary(dev_metrics(run, args.data, raw_weights=True))
         rows.append({"seed": seed, "averaged": averaged, "raw": raw, "seconds": round(time.perf_counter() - started)})
         pairs = ", ".join(f"{t} raw {raw[t]:.2f} averaged {averaged[t]:.2f} ({averaged[t] - raw[t]:+.2f})"
                           for t in averaged)
