@@ -8,8 +8,8 @@ does not change training (the raw weights follow the same steps, and no random n
 checkpoint holds both arms of a paired comparison: the averaged weights (its ``model.safetensors``, evaluated by
 training itself, or here after a ``--no-eval`` run) and the raw last-step weights (kept in its trainer state for
 --resume), evaluated here on the same dev sets. The seed's noise falls on both arms alike; the table gives each
-seed's difference and their mean with a 95% t interval. (QA's no-answer threshold is the one training fitted for the averaged weights: the raw arm's QA F1
-is scored with it too.)
+seed's difference and their mean with a 95% t interval. (QA's no-answer threshold is the one training fitted for
+the averaged weights: the raw arm's QA F1 is scored with it too.)
 """
 
 from __future__ import annotations
