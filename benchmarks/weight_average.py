@@ -22,8 +22,6 @@ import sys
 import time
 from pathlib import Path
 
-from safetensors.torch import load_file
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import machine  # noqa: E402
 from zoo_claims import T975  # noqa: E402
@@ -37,15 +35,15 @@ def dev_metrics(run: Path, data: str, raw_weights: bool) -> dict:
 
     from bertzoo.tokenization import Tokenizer
     from bertzoo.trainer.averaging import RAW_PREFIX
-    from bertzoo.trainer.checkpoint import STATE_TENSORS, TOKENIZER, load_model, resolve_checkpoint
+    from bertzoo.trainer.checkpoint import TOKENIZER, load_model, load_trainer_state, resolve_checkpoint
     from bertzoo.trainer.config import TrainConfig
     from bertzoo.trainer.evaluate import evaluate
     from bertzoo.trainer.training_data import load_splits
 
     directory = resolve_checkpoint(run, prefer="LATEST")
     model, config, _ = load_model(directory)
-    raw = {k[len(RAW_PREFIX):]: v for k, v in load_file(str(directory / STATE_TENSORS)).items()
-           if k.startswith(RAW_PREFIX)}
+    _, _, state_tensors = load_trainer_state(directory)  # what --resume reads, the raw weights among them
+    raw = {k[len(RAW_PREFIX):]: v for k, v in state_tensors.items() if k.startswith(RAW_PREFIX)}
     if not raw:
         raise SystemExit(f"{directory}: no raw weights in its trainer state; was it trained with weight_average?")
     if raw_weights:
