@@ -164,6 +164,7 @@ class BertzooServer:
         spec = served.spec
         self.metrics.build_info.info({"backend": spec.backend, "device": spec.device, "precision": spec.precision,
                                       "variant": spec.variant, "version": _version()})
+        self.metrics.start_tasks((*spec.tasks, "embed"))  # Embed needs no head
         for service in ("", SERVICE_NAME):
             await self._health.set(service, SERVING)
         self.metrics.ready.set(1)

@@ -10,6 +10,7 @@ cancelled, backend, invalid_argument, unauthenticated, ...), never anything take
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -72,6 +73,15 @@ class Metrics:
         # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ... of this server (Linux).
         ProcessCollector(registry=r)
         self._http: WSGIServer | None = None
+
+    def start_tasks(self, tasks: Iterable[str]) -> None:
+        """Export each served task's series at zero before its first request. A series that first appears already
+        counting hides its first requests from rate(): a replica's first burst, or all of its traffic when the scrapes
+        between its first and last request are lost (a slow scrape times out), would show no latency at all."""
+        for task in tasks:
+            for histogram in (self.request_seconds, self.queue_seconds, self.tokenize_seconds, self.inference_seconds):
+                histogram.labels(task)
+            self.requests.labels(task, "OK")
 
     def record_request(self, task: str, code: str, reason: str, seconds: float) -> None:
         self.requests.labels(task, code).inc()

@@ -112,5 +112,8 @@ def test_replicas_behind_nginx_scraped_by_prometheus_and_a_replica_drained_mid_t
             try:
                 local.wait_until(check, 30, f"no {what}")
             except TimeoutError as e:
+                scrapes = {how: {r["metric"]["instance"]: r["value"][1]  # per replica: a timed-out scrape is up 0
+                                 for r in stack.query(f'{how}_over_time(up{{job="bertzoo"}}[5m])')}
+                           for how in ("sum", "count")}
                 raise AssertionError(f"{e}: p99 {[(task, p99(task)) for task in TASKS]}, up {up()}, "
-                                     f"recorded {recorded_tasks()}") from None
+                                     f"recorded {recorded_tasks()}, scrapes (successful, all) {scrapes}") from None

@@ -197,6 +197,24 @@ def test_metrics_endpoint_serves_the_histograms_gauges_and_counters(served):
     assert not re.search(r"_created\b", text)  # no timestamp series next to every counter and histogram
 
 
+def test_every_served_task_is_exported_at_zero_before_its_first_request(tiny_artifact):
+    # rate() needs a sample from before the first request: a series that first appears already counting hides it.
+    _, artifact = tiny_artifact
+    metrics_port = free_port()
+    with ServerThread(serve_config(artifact, metrics_port=metrics_port)):
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    served_tasks = (*load_manifest(artifact)["model"]["tasks"], "embed")
+    for task in served_tasks:
+        for name in ("request", "queue", "tokenize", "inference"):
+            assert samples[(f"bertzoo_{name}_seconds_count", (("task", task),))] == 0, (name, task)
+        assert samples[("bertzoo_requests_total", (("code", "OK"), ("task", task)))] == 0, task
+    assert {labels for name, labels in samples if name == "bertzoo_request_seconds_count"} == \
+        {(("task", task),) for task in served_tasks}
+
+
 def test_the_largest_allowed_request_passes_and_a_larger_one_is_refused_and_counted(served, tiny_artifact):
     _, client, _ = served
     # 64 texts of 20,000 4-byte characters (5.1 MB): over gRPC's 4 MiB default, within the server's default limit.
