@@ -51,6 +51,17 @@ def test_an_averaged_run_saves_the_average_and_resumes_exactly(tiny_train_config
         assert torch.equal(tensor, resumed.state_dict()[name]), f"{name} differs after resume"
 
 
+def test_a_resume_with_averaging_turned_off_goes_on_from_the_raw_weights(tiny_train_config, tmp_path, monkeypatch):
+    # Averaging does not change training, so the run with no averaging at all is what this one must end at.
+    expected, _ = train_module.train(tiny_train_config(out_dir=str(tmp_path / "a"), eval_every_epoch=False))
+    interrupted = tiny_train_config(out_dir=str(tmp_path / "b"), eval_every_epoch=False, weight_average=0.3)
+    interrupt_training(monkeypatch, interrupted, at_loss_call=40)  # after the first epoch's (averaged) checkpoint
+    resumed, _ = train_module.train(tiny_train_config(out_dir=str(tmp_path / "b"), eval_every_epoch=False),
+                                    resume=True)
+    for name, tensor in expected.state_dict().items():
+        assert torch.equal(tensor, resumed.state_dict()[name]), f"{name} differs after resume"
+
+
 @pytest.mark.parametrize("share", [-0.1, 1.5])
 def test_weight_average_outside_0_1_is_refused(tiny_train_config, share):
     with pytest.raises(ValueError, match="weight_average must be in"):

@@ -65,6 +65,15 @@ class WeightAverage:
         self.updates = updates
 
 
+@torch.no_grad()
+def restore_raw(model: torch.nn.Module, raw: dict[str, torch.Tensor]) -> None:
+    """A resume with averaging turned off, of a run that was averaging: the model loaded the checkpoint's averaged
+    weights; put the raw ones back, so training goes on from the weights it had reached."""
+    for name, p in model.named_parameters():
+        if RAW_PREFIX + name in raw:
+            p.copy_(raw[RAW_PREFIX + name])
+
+
 @contextmanager
 def averaged(average: WeightAverage | None) -> Iterator[dict[str, torch.Tensor]]:
     """:meth:`WeightAverage.applied`, or nothing to do (no raw weights to keep) when averaging is off."""

@@ -30,7 +30,7 @@ from bertzoo.tasks import task_spec
 from bertzoo.tokenization import Tokenizer
 
 from . import checkpoint as ckpt
-from .averaging import RAW_PREFIX, WeightAverage, averaged
+from .averaging import RAW_PREFIX, WeightAverage, averaged, restore_raw
 from .batches import TaskStream, build_features, collate, task_for_step
 from .calibration import calibrate_null_threshold
 from .config import TrainConfig
@@ -211,8 +211,11 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
         directory = ckpt.resolve_checkpoint(out_dir, prefer="LATEST")
         model.load_state_dict(load_file(str(directory / ckpt.WEIGHTS)))
         meta, opt_state, state_tensors = ckpt.load_trainer_state(directory)
-        if average is not None and any(k.startswith(RAW_PREFIX) for k in state_tensors):
-            average.resume(state_tensors, meta.get("average_updates", 0))
+        if any(k.startswith(RAW_PREFIX) for k in state_tensors):  # the run was averaging: it saved the average
+            if average is not None:
+                average.resume(state_tensors, meta.get("average_updates", 0))
+            else:
+                restore_raw(model, state_tensors)
         if opt_state is not None:
             optimizer.load_state_dict(opt_state)
         torch.set_rng_state(state_tensors["rng.torch"])
