@@ -106,6 +106,10 @@ CLAIMS: dict[str, Claim] = {
         "003", "the same pre-trained pair of models, fine-tuned on STS-B", ("--tasks", "similarity", "--epochs", "3",
                                                                            *_AG_FINETUNE),
         {"baseline": (), "ag": ()}, (("similarity", "pearson"),), AG_PRETRAINING),
+    # Not a paper's claim, the same question of a training option: does bf16 autocast on a CPU (fast where the CPU has
+    # native bf16: avx512_bf16, AMX) train as well as fp32? Its baseline is ssaf_sst5's (the same options).
+    "bf16_sst5": Claim("-", "bf16 autocast on the CPU trains SST-5 as well as fp32", _SST5,
+                       {"baseline": (), "bf16": ("--precision", "bf16")}, (("sentiment", "accuracy"),)),
 }
 # t quantiles (0.975) by degrees of freedom, for the 95% intervals of a handful of seeds.
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
