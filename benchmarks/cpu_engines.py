@@ -31,7 +31,8 @@ from serve_speed import closed_loop
 from timing import machine
 
 from bertzoo.artifact import load_manifest
-from bertzoo.serving.backends import create_backend, openvino
+from bertzoo.cpu import native_bf16
+from bertzoo.serving.backends import create_backend
 from bertzoo.serving.load import load_items
 from bertzoo.tokenization import Tokenizer, pad_batch
 
@@ -101,7 +102,7 @@ def main() -> None:
                for i in range(0, len(encodings), 64)]
     flops = encoder_flops([b["input_ids"].shape for b in batches], encoder["num_hidden_layers"],
                           encoder["hidden_size"], encoder["intermediate_size"])
-    engines = [(e, p) for e, p in ENGINES if not (e == "openvino" and p == "bf16" and not openvino.cpu_has_bf16())]
+    engines = [(e, p) for e, p in ENGINES if not (e == "openvino" and p == "bf16" and not native_bf16())]
     results: dict = {**machine(), "threads": args.threads, "sentences": len(encodings), "encoder_gflop": flops / 1e9}
     results["gemm_peak_gflops"] = {p: gemm_peak_gflops(args.threads, p) for p in ("fp32", "int8")}
     backends = {f"{e}/{p}": make(e, p, args.artifact, args.threads) for e, p in engines}

@@ -57,6 +57,7 @@ from processes import (
 )
 from timing import machine
 
+from bertzoo.cpu import native_bf16
 from bertzoo.data import SentenceExample
 from bertzoo.serving.load import load_items, run_load
 from bertzoo.serving.proto import pb2, pb2_grpc
@@ -79,9 +80,8 @@ def default_variants() -> list[str]:
     names = ["fp32", "optimized", "int8"]
     if importlib.util.find_spec("openvino") is None:
         return names
-    from bertzoo.serving.backends import openvino
 
-    return names + ["openvino-fp32"] + (["openvino-bf16"] if openvino.cpu_has_bf16() else [])
+    return names + ["openvino-fp32"] + (["openvino-bf16"] if native_bf16() else [])
 
 
 def own_cpu_seconds() -> float:

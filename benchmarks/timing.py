@@ -8,7 +8,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from bertzoo.serving.backends.base import cpu_flags
+from bertzoo.cpu import cpu_flags
 
 # The flags that decide which kernels the engines can use: recorded with every figure.
 FLAGS_OF_NOTE = {"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16"}

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from bertzoo import tasks as T
+from bertzoo.cpu import native_bf16
 from bertzoo.export.exporter import ExportOptions, export_checkpoint
 from bertzoo.serving.engine import EMBED, Work, prepare_inputs, run_batch
 from bertzoo.tokenization import Tokenizer
@@ -90,9 +91,9 @@ def build(engine: str, run, artifact):
         return OnnxRuntimeBackend(artifact, precision, threads=1, device=device)
     if kind == "openvino":
         pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install 'bertzoo[openvino]')")
-        from bertzoo.serving.backends import OpenVinoBackend, openvino
+        from bertzoo.serving.backends import OpenVinoBackend
 
-        if precision == "bf16" and not openvino.cpu_has_bf16():
+        if precision == "bf16" and not native_bf16():
             pytest.skip("this CPU has no native bf16 (AVX-512 BF16 or AMX)")
         return OpenVinoBackend(artifact, precision, threads=1)
     if kind == "tensorrt":

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 
+import bertzoo.cpu
 from bertzoo.serving.backends import BackendUnavailable, check_available, openvino
 from bertzoo.serving.client import BertzooClient
 from bertzoo.serving.config import ServeConfig
@@ -35,9 +36,9 @@ def test_settings_openvino_cannot_honour_are_refused(settings, message):
 
 
 def test_auto_precision_is_bf16_only_where_the_cpu_computes_it(monkeypatch):
-    monkeypatch.setattr(openvino.base, "cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16"})
+    monkeypatch.setattr(bertzoo.cpu, "cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16"})
     assert openvino.resolve_precision("auto") == "bf16"
-    monkeypatch.setattr(openvino.base, "cpu_flags", lambda: {"avx2", "fma"})
+    monkeypatch.setattr(bertzoo.cpu, "cpu_flags", lambda: {"avx2", "fma"})
     assert openvino.resolve_precision("auto") == "fp32"
     assert openvino.resolve_precision("bf16") == "bf16"  # asked for: given, even if emulated
 

@@ -13,7 +13,6 @@ import os
 import random
 import re
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -39,6 +38,7 @@ from .heads import ModelConfig, MultitaskModel
 from .model import EncoderConfig
 from .objectives import build_objectives
 from .plots import training_curves
+from .precision import autocast_context, cpu_precision_advice
 from .prioritization import TaskPrioritizer, broadcast, primary_scores, reprioritize
 from .sparsity import attention_zero_fraction
 from .training_data import check_data_files, load_splits, load_training_data
@@ -158,13 +158,6 @@ def lr_factor(step: int, total: int, warmup_ratio: float) -> float:
     return max(0.0, (total - step) / max(1, total - warmup))
 
 
-def autocast_context(config: TrainConfig, device: torch.device):
-    use_bf16 = config.precision == "bf16" or (
-        config.precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
-    )
-    return torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
-
-
 def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, dict]:
     """Train; returns the (unwrapped) model and the last dev metrics."""
     check_data_files(config)
@@ -175,6 +168,8 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
         out_dir.mkdir(parents=True, exist_ok=True)
         log.info("effective config:\n%s", config.to_json())
         atomic_write_text(out_dir / "train_config.json", config.to_json())
+        if advice := cpu_precision_advice(config.precision, env.device):
+            (log.warning if config.precision == "bf16" else log.info)(advice)
 
     model, tokenizer = build_model(config)
     limits = config.limits
@@ -255,7 +250,7 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
                                                                 tokenizer.pad_id).items()}
             for group in optimizer.param_groups:
                 group["lr"] = group["base_lr"] * lr_factor(step, total_steps, config.warmup_ratio)
-            with autocast_context(config, env.device):
+            with autocast_context(config.precision, env.device):
                 details = ddp_model(task, batch, details=True, output_attentions=needs_attentions)
                 loss = task_loss(task, details.outputs, batch, config.similarity_loss)
                 window_losses[task].append(loss.item())  # the task's own loss; auxiliary ones are logged apart

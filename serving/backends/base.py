@@ -3,8 +3,6 @@ says an engine cannot run here and what to install."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # the encoder graph's (export/onnx_graphs.py)
@@ -19,12 +17,3 @@ def rows_mask(mask: np.ndarray, rows) -> np.ndarray:
 
 class BackendUnavailable(RuntimeError):
     """The backend or device asked for cannot run in this installation; the message says what to install."""
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags (avx2, avx512f, avx512_bf16, amx_tile, ...) from /proc/cpuinfo; empty off Linux."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}

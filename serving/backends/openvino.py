@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from bertzoo.artifact import load_manifest
+from bertzoo.cpu import native_bf16
 
-from . import base
 from .base import ENCODER_INPUTS, BackendUnavailable
 from .ort import OnnxRuntimeBackend
 
@@ -24,17 +24,12 @@ OV_PRECISION = {"fp32": "f32", "bf16": "bf16"}
 INSTALL_HINT = "pip install 'bertzoo[openvino]'"
 
 
-def cpu_has_bf16() -> bool:
-    """Native bf16 arithmetic: AVX-512 BF16 or AMX. Elsewhere OpenVINO would emulate it, slower than fp32."""
-    return bool(base.cpu_flags() & {"avx512_bf16", "amx_bf16"})
-
-
 def resolve_precision(precision: str) -> str:
     """``auto``: bf16 where the CPU computes it natively, fp32 elsewhere."""
     if precision not in PRECISIONS:
         raise ValueError(f"the openvino backend's precision is one of {PRECISIONS}, got {precision!r}")
     if precision == "auto":
-        return "bf16" if cpu_has_bf16() else "fp32"
+        return "bf16" if native_bf16() else "fp32"  # emulated bf16 is slower than fp32
     return precision
 
 
