@@ -3,6 +3,9 @@ gets when its precision is not the fast one for its CPU."""
 
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
 import torch
 
@@ -44,3 +47,22 @@ def test_a_cpu_run_is_told_when_its_precision_is_not_the_fast_one(cpu_with):
     assert precision.cpu_precision_advice("auto", cpu) is None
     assert precision.cpu_precision_advice("fp32", cpu) is None
     assert precision.cpu_precision_advice("bf16", torch.device("cuda")) is None  # GPUs: not this advice
+
+
+@pytest.mark.parametrize("preset", ["baseline", "ssaf", "ag", "ssa"])
+def test_every_training_path_trains_under_bf16_autocast_on_the_cpu(tiny_train_config, preset):
+    from bertzoo.trainer import train as train_module
+    from bertzoo.zoo import load_preset
+    from conftest import TINY_ENCODER
+
+    settings = dict(load_preset(preset).train)
+    encoder = {**TINY_ENCODER, **settings.pop("encoder_overrides", {})}
+    if preset == "ssa":
+        settings["ssa_probe_limit"] = 8
+    config = tiny_train_config(**settings, encoder_overrides=encoder, precision="bf16", tasks=("sentiment",),
+                               eval_every_epoch=False)
+    model, _ = train_module.train(config)
+    # autocast computes in bf16 but keeps the weights (and so the checkpoint) in fp32
+    assert all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in model.parameters())
+    losses = [r["loss"]["sentiment"] for r in map(json.loads, open(f"{config.out_dir}/train_log.jsonl")) if "loss" in r]
+    assert losses and all(math.isfinite(x) for x in losses)
