@@ -30,5 +30,5 @@ def cpu_precision_advice(precision: str, device: torch.device) -> str | None:
     if native_bf16():
         return ("this CPU computes bf16 natively (avx512_bf16 or amx_bf16): --precision bf16 trains about 1.5x "
                 "faster per step (benchmarks/RESULTS.md)")
-    return ("warning: --precision bf16 on a CPU without native bf16 (no avx512_bf16 or amx_bf16 flag) is emulated, "
-            "slower than fp32; leave --precision at auto here")
+    return ("--precision bf16 on a CPU without native bf16 (no avx512_bf16 or amx_bf16 flag) is emulated, slower than "
+            "fp32; leave --precision at auto here")

@@ -169,7 +169,7 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
         log.info("effective config:\n%s", config.to_json())
         atomic_write_text(out_dir / "train_config.json", config.to_json())
         if advice := cpu_precision_advice(config.precision, env.device):
-            log.info(advice)
+            log.log(logging.WARNING if config.precision == "bf16" else logging.INFO, advice)  # emulated bf16: slow
 
     model, tokenizer = build_model(config)
     limits = config.limits
