@@ -141,7 +141,9 @@ def main(verbose: bool) -> None:
 @click.option("--grad-clip", type=float, default=None)
 @click.option("--sampling", type=click.Choice(["round_robin", "proportional", "annealed", "dynamic"]), default=None,
               help="Task sampling; dynamic = task prioritization (paper 004), see the dtp_* settings.")
-@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16"]), default=None)
+@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16"]), default=None,
+              help="auto: bf16 autocast on a GPU that supports it, fp32 on a CPU; bf16 is faster on a CPU with native "
+                   "bf16 (avx512_bf16, AMX) [default: auto].")
 @click.option("--seed", type=int, default=None)
 @click.option("--log-every", type=int, default=None)
 @click.option("--keep-checkpoints", type=int, default=None)
