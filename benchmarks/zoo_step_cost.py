@@ -1,15 +1,16 @@
 """What the zoo's training-time additions cost per step, with their spread: SSAF, AG and SSA against the baseline, on
-one task (SST-5 sentiment), the real backbone and data, in rounds that alternate the presets' order.
+one task (SST-5 sentiment), the real backbone and data, in rounds that alternate the arms' order.
 
     python benchmarks/zoo_step_cost.py --data ../shared/data --out /tmp/zoo_cost [--steps 60] [--rounds 2]
     python benchmarks/zoo_step_cost.py --data ../shared/data --out /tmp/bf16_cost --arms baseline,bf16 --task qa
 
-Each (round, preset) is one `bertzoo train --preset NAME --tasks sentiment` child process; its training log gives the
-median step time (data to optimizer step) of every window of 10 steps. A preset's cost is reported as the median of
-its windows over all rounds divided by the baseline's, with the range of the per-window ratios (each window against
-the baseline's median of the same round). SSA's probing rounds (--ssa-probe-limit sentences each) land in one step
-per round, which moves no window's median: the figure is the cost of its extra attention layer and loss. The
-``bf16`` arm is the baseline with bf16 autocast (``--precision bf16``), for what it saves on a CPU with native bf16.
+Each (round, arm) is one `bertzoo train` child process with the arm's options on one task (``--task``, sentiment by
+default); its training log gives the median step time (data to optimizer step) of every window of 10 steps. An
+arm's cost is reported as the median of its windows over all rounds divided by the baseline's, with the range of the
+per-window ratios (each window against the baseline's median of the same round). SSA's probing rounds
+(--ssa-probe-limit sentences each) land in one step per round, which moves no window's median: the figure is the
+cost of its extra attention layer and loss. The ``bf16`` arm is the baseline with bf16 autocast (``--precision
+bf16``), for what it saves on a CPU with native bf16.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def main() -> None:
         ratios = [w / statistics.median(windows["baseline"][r]) for r, rnd in enumerate(rounds) for w in rnd]
         median = statistics.median(w for rnd in rounds for w in rnd)
         results["presets"][arm] = {"median_ms": median, "ratio": median / base, "ratio_min": min(ratios),
-                                      "ratio_max": max(ratios), "windows_ms": rounds}
+                                   "ratio_max": max(ratios), "windows_ms": rounds}
         print(f"| {arm} | {median:.0f} | {median / base:.2f} | {min(ratios):.2f}-{max(ratios):.2f} |")
     Path(args.out, "zoo_step_cost.json").write_text(json.dumps(results, indent=1))
 

@@ -30,7 +30,7 @@ from grpc_reflection.v1alpha import reflection
 
 from .batcher import Batcher, model_worker
 from .config import BatchSettings, ServeConfig
-from .engine import EngineRunner, padded_width
+from .engine import EMBED, EngineRunner, padded_width
 from .interceptors import BearerTokenInterceptor, MalformedRequestInterceptor
 from .metrics import Metrics
 from .model import ServedModel, load_served_model, release_freed_memory, runtime_versions, warm_up
@@ -164,7 +164,7 @@ class BertzooServer:
         spec = served.spec
         self.metrics.build_info.info({"backend": spec.backend, "device": spec.device, "precision": spec.precision,
                                       "variant": spec.variant, "version": _version()})
-        self.metrics.start_tasks((*spec.tasks, "embed"))  # Embed needs no head
+        self.metrics.start_tasks((*spec.tasks, EMBED))  # Embed needs no head
         for service in ("", SERVICE_NAME):
             await self._health.set(service, SERVING)
         self.metrics.ready.set(1)

@@ -176,20 +176,25 @@ def test_bad_input_is_invalid_argument_naming_the_field_and_limit(served, call, 
     assert client.sentiment(["still fine"]).results  # nothing disturbed
 
 
+def scrape(metrics_port: int) -> tuple[str, dict]:
+    """The metrics endpoint's text, and its samples by (name, sorted labels)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return text, {(s.name, tuple(sorted(s.labels.items()))): s.value
+                  for family in text_string_to_metric_families(text) for s in family.samples}
+
+
 def test_metrics_endpoint_serves_the_histograms_gauges_and_counters(served):
     _, client, metrics_port = served
     client.sentiment(["counted"])
     with pytest.raises(grpc.RpcError):
         client.sentiment([""])
-    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as reply:
-        text = reply.read().decode()
+    text, samples = scrape(metrics_port)
     for name in ("request", "queue", "tokenize", "inference"):
         assert re.search(rf'^bertzoo_{name}_seconds_bucket{{.*task="sentiment"', text, re.M), name
     for name in ("bertzoo_batch_size_bucket", "bertzoo_batch_tokens_bucket", "bertzoo_batch_seconds_count",
                  "bertzoo_queue_depth", "bertzoo_queue_sequences", "bertzoo_inflight_requests"):
         assert re.search(rf"^{name}\b", text, re.M), name
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for family in text_string_to_metric_families(text) for s in family.samples}
     assert samples[("bertzoo_requests_total", (("code", "OK"), ("task", "sentiment")))] >= 1
     assert samples[("bertzoo_request_failures_total",
                     (("code", "INVALID_ARGUMENT"), ("reason", "empty_text"), ("task", "sentiment")))] >= 1
@@ -202,11 +207,8 @@ def test_every_served_task_is_exported_at_zero_before_its_first_request(tiny_art
     _, artifact = tiny_artifact
     metrics_port = free_port()
     with ServerThread(serve_config(artifact, metrics_port=metrics_port)):
-        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as reply:
-            text = reply.read().decode()
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for family in text_string_to_metric_families(text) for s in family.samples}
-    served_tasks = (*load_manifest(artifact)["model"]["tasks"], "embed")
+        _, samples = scrape(metrics_port)
+    served_tasks = (*load_manifest(artifact)["model"]["tasks"], EMBED)
     for task in served_tasks:
         for name in ("request", "queue", "tokenize", "inference"):
             assert samples[(f"bertzoo_{name}_seconds_count", (("task", task),))] == 0, (name, task)
