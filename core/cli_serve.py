@@ -49,6 +49,9 @@ def _serve_option(*decls: str, name: str, **kwargs):
 @_serve_option("--metrics-host", name="metrics_host", help="Address of the metrics endpoint (local by default).")
 @_serve_option("--metrics-port", name="metrics_port", type=int, help="Prometheus /metrics port; 0: none.")
 @_serve_option("--max-items", name="max_items", type=int, help="Items per request.")
+@_serve_option("--stream-window", name="stream_window", type=int,
+               help="Requests of one stream (the *Stream RPCs) worked on at a time; the server reads no more of that "
+                    "stream until one is answered.")
 @_serve_option("--max-text-chars", name="max_text_chars", type=int,
                help="Characters per text, QA contexts included; longer texts are rejected.")
 @_serve_option("--max-message-bytes", name="max_message_bytes", type=int,
@@ -209,10 +212,12 @@ def client_command(task: str, texts: tuple[str, ...], connection: dict, timeout:
 @click.option("--duration", type=float, default=10.0, help="Seconds to run (unless --requests).")
 @click.option("--requests", "request_count", type=int, default=None, help="Send this many requests, then stop.")
 @click.option("--items", type=int, default=1, help="Items per request.")
+@click.option("--stream", is_flag=True, help="Each client sends its requests over one call of the streaming RPC "
+              "(SentimentStream, ...) instead of one call each.")
 @click.option("--json-out", type=click.Path(dir_okay=False), default=None, help="Also write the summary as JSON.")
 @_client_options
 def bench_serve(task: str, data: str | None, concurrency: int, duration: float, request_count: int | None, items: int,
-                json_out: str | None, connection: dict, timeout: float) -> None:
+                stream: bool, json_out: str | None, connection: dict, timeout: float) -> None:
     """Load-test a running server: N concurrent clients with real sentences; throughput, p50/p95/p99, errors."""
     import asyncio
 
@@ -229,7 +234,7 @@ def bench_serve(task: str, data: str | None, concurrency: int, duration: float, 
             raise click.ClickException(str(e)) from e
     report = asyncio.run(run_load(connection, task, inputs, concurrency=concurrency,
                                   duration=None if request_count else duration, requests=request_count,
-                                  items_per_request=items, timeout=timeout, progress=True))
+                                  items_per_request=items, timeout=timeout, progress=True, stream=stream))
     summary = report.summary()
     click.echo(format_report(summary))
     if json_out:

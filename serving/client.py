@@ -9,6 +9,12 @@
         await client.wait_ready()
         response = await client.sentiment(["a lovely film"])
 
+Many small requests cost the server (and the client) far less over one stream than as separate calls::
+
+    requests = (pb2.SentimentRequest(texts=[text]) for text in texts)
+    for message in client.stream("Sentiment", requests):  # one answer per request, in order
+        print(message.error.message if message.WhichOneof("result") == "error" else message.response.results[0].label)
+
 Methods return the protobuf responses of protos/bertzoo/v1/bertzoo.proto; errors raise ``grpc.RpcError`` with the
 server's status code and message (``error.code()``, ``error.details()``). Channels get :func:`channel_options`:
 gRPC's own retries with backoff for UNAVAILABLE, RESOURCE_EXHAUSTED and CANCELLED (a restarting replica, a full
@@ -21,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterable, Iterable, Sequence
 from pathlib import Path
 
 import grpc
@@ -116,6 +122,15 @@ class BertzooClient:
     def call(self, method: str, request, timeout: float | None = None):
         """Any RPC of bertzoo.v1.Bertzoo by name (``"Sentiment"``), with this client's token and deadline."""
         return self._call(getattr(self.stub, method), request, timeout)
+
+    def stream(self, method: str, requests: Iterable | AsyncIterable | None = None, timeout: float | None = None):
+        """The streaming twin of a task RPC, by the unary RPC's name (``"Sentiment"`` opens ``SentimentStream``):
+        the call, which yields one message per request, in order, each holding ``response`` or ``error``
+        (``message.WhichOneof("result")``). ``requests``: the request messages (with the asyncio client, an
+        (async) iterable, or None to ``await call.write(...)`` them and ``await call.done_writing()``).
+        ``timeout``: seconds for the whole stream; None (the default): no deadline, unlike unary calls."""
+        rpc = getattr(self.stub, f"{method}Stream")
+        return rpc(*(() if requests is None else (requests,)), timeout=timeout, metadata=self._metadata)
 
     def sentiment(self, texts: Sequence[str], timeout: float | None = None) -> pb2.SentimentResponse:
         return self._call(self.stub.Sentiment, pb2.SentimentRequest(texts=texts), timeout)

@@ -62,6 +62,9 @@ class ServeConfig:
     metrics_host: str = "127.0.0.1"  # the metrics endpoint is local unless asked otherwise
     metrics_port: int = 9400  # 0: no metrics endpoint
     max_items: int = 64  # items per request
+    # Requests of one stream in the server at a time: enough for a client to keep the batcher fed from one stream;
+    # bounded, so a stream cannot fill the whole queue before any other client's request.
+    stream_window: int = 32
     max_text_chars: int = 20000  # characters per text (QA contexts included); longer is always rejected
     # Bytes per request message; None: room for max_items items of two texts of max_text_chars 4-byte characters
     # (gRPC's own default, 4 MiB, refused 64 long texts before bertzoo saw them, and uncounted).
@@ -117,7 +120,8 @@ class ServeConfig:
             raise ValueError("auth_token is empty; leave it unset to turn authentication off")
         if self.max_message_bytes is not None and self.max_message_bytes < 1024:
             raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
-        for name in ("max_items", "max_text_chars", "tokenize_threads", "max_request_tokens", "long_request_tokens"):
+        for name in ("max_items", "stream_window", "max_text_chars", "tokenize_threads", "max_request_tokens",
+                     "long_request_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("port", "metrics_port"):

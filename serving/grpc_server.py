@@ -43,8 +43,11 @@ log = logging.getLogger("bertzoo.serving")
 ModelLoader = Callable[[ServeConfig], ServedModel]
 # Load balancers and orchestrators probe health without credentials.
 OPEN_METHODS = (f"/{health.SERVICE_NAME}/Check", f"/{health.SERVICE_NAME}/Watch")
-METHOD_TASKS = {"Sentiment": "sentiment", "Paraphrase": "paraphrase", "Similarity": "similarity", "QA": "qa",
-                "Embed": "embed", "ModelInfo": "model_info", "Check": "health"}
+_TASK_METHODS = {"Sentiment": "sentiment", "Paraphrase": "paraphrase", "Similarity": "similarity", "QA": "qa",
+                 "Embed": "embed"}
+# The metrics' task label of each method name (a stream's requests count as its task's).
+METHOD_TASKS = {**_TASK_METHODS, **{f"{m}Stream": t for m, t in _TASK_METHODS.items()}, "ModelInfo": "model_info",
+                "Check": "health"}
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
 

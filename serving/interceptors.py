@@ -4,8 +4,8 @@
   UNAUTHENTICATED. Some methods (health checks, for load balancers and orchestrators that cannot send a token) can
   stay open.
 - :class:`MalformedRequestInterceptor`: request bytes that are not a valid message, for any unary method (health
-  checks included), are answered INVALID_ARGUMENT (left to gRPC, they would be UNKNOWN and log a traceback per
-  request, even on the open health service), and a request over the size limit
+  checks included) and on bertzoo's request streams, are answered INVALID_ARGUMENT (left to gRPC, they would be
+  UNKNOWN and log a traceback per request, even on the open health service), and a request over the size limit
   RESOURCE_EXHAUSTED, naming the limit (left to gRPC, it would never be counted).
 
 ``on_reject(method, code, reason)`` lets the server count refused calls in its metrics.
@@ -14,7 +14,8 @@
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable, Collection
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -68,37 +69,73 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
                         "missing or invalid credentials: send metadata 'authorization: Bearer <token>'")
 
 
+class BadMessage(Exception):
+    """Request bytes the server will not parse: the status to answer."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code, self.details = code, details
+
+
 class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, on_reject: OnReject | None = None, max_bytes: int | None = None) -> None:
-        """Guards every unary-unary method of the server."""
+        """Guards every unary-unary method of the server, and every message of its streaming-request methods served
+        by an async generator (bertzoo's *Stream RPCs): a bad message ends the stream with the same status, once the
+        handler has answered the requests before it."""
         self._on_reject = on_reject
         self._max_bytes = max_bytes
+
+    def _parse(self, method: str, parse: Callable[[bytes], object], raw: bytes) -> object:
+        """The message in ``raw``, or :class:`BadMessage` with the status that says what is wrong with it."""
+        if self._max_bytes is not None and len(raw) > self._max_bytes:
+            if self._on_reject is not None:
+                self._on_reject(method, grpc.StatusCode.RESOURCE_EXHAUSTED, "message_too_large")
+            raise BadMessage(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             f"the request is {len(raw)} bytes, over the server's limit of {self._max_bytes} "
+                             "(--max-message-bytes); send fewer or shorter texts per request")
+        try:
+            return parse(raw)
+        except DecodeError as e:
+            if self._on_reject is not None:
+                self._on_reject(method, grpc.StatusCode.INVALID_ARGUMENT, "malformed")
+            raise BadMessage(grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a valid message: {e}") from e
 
     async def intercept_service(self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
                                 ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
-        if (handler is None or handler.request_streaming or handler.response_streaming
-                or handler.request_deserializer is None):
+        if handler is None or handler.request_deserializer is None:
             return handler
-        parse, behavior, on_reject, max_bytes = (handler.request_deserializer, handler.unary_unary, self._on_reject,
-                                                  self._max_bytes)
-
+        parse, check = handler.request_deserializer, self._parse
         # The handler now gets raw bytes and parses them itself, where a failure can become a proper status.
-        async def parse_then_handle(raw: bytes, context: grpc.aio.ServicerContext):
-            if max_bytes is not None and len(raw) > max_bytes:
-                if on_reject is not None:
-                    on_reject(method, grpc.StatusCode.RESOURCE_EXHAUSTED, "message_too_large")
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                     f"the request is {len(raw)} bytes, over the server's limit of {max_bytes} "
-                                     "(--max-message-bytes); send fewer or shorter texts per request")
-            try:
-                request = parse(raw)
-            except DecodeError as e:
-                if on_reject is not None:
-                    on_reject(method, grpc.StatusCode.INVALID_ARGUMENT, "malformed")
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a valid message: {e}")
-            return await behavior(request, context)
+        if not handler.request_streaming and not handler.response_streaming:
+            behavior = handler.unary_unary
 
-        return grpc.unary_unary_rpc_method_handler(parse_then_handle, request_deserializer=None,
-                                                   response_serializer=handler.response_serializer)
+            async def parse_then_handle(raw: bytes, context: grpc.aio.ServicerContext):
+                try:
+                    request = check(method, parse, raw)
+                except BadMessage as e:
+                    await context.abort(e.code, e.details)
+                return await behavior(request, context)
+
+            return grpc.unary_unary_rpc_method_handler(parse_then_handle, request_deserializer=None,
+                                                       response_serializer=handler.response_serializer)
+        if handler.request_streaming and handler.response_streaming and inspect.isasyncgenfunction(
+                handler.stream_stream):
+            stream_behavior = handler.stream_stream
+
+            # A bad message ends the reading; the handler answers the requests before it, then the stream ends.
+            async def parse_each_then_handle(raws: AsyncIterator[bytes], context: grpc.aio.ServicerContext):
+                async def requests():
+                    async for raw in raws:
+                        yield check(method, parse, raw)
+
+                try:
+                    async for response in stream_behavior(requests(), context):
+                        yield response
+                except BadMessage as e:
+                    await context.abort(e.code, e.details)
+
+            return grpc.stream_stream_rpc_method_handler(parse_each_then_handle, request_deserializer=None,
+                                                         response_serializer=handler.response_serializer)
+        return handler

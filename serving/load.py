@@ -67,6 +67,7 @@ class LoadReport:
     task: str
     concurrency: int
     items_per_request: int
+    stream: bool = False  # requests sent over the streaming RPC, one stream per client
     seconds: float = 0.0
     latencies: list[float] = field(default_factory=list)  # seconds, successful requests only
     codes: Counter = field(default_factory=Counter)  # status code name -> requests
@@ -78,6 +79,7 @@ class LoadReport:
                        strict=True))
         return {
             "task": self.task, "concurrency": self.concurrency, "items_per_request": self.items_per_request,
+            "stream": self.stream,
             "seconds": round(self.seconds, 3), "requests": sum(self.codes.values()), "ok": ok,
             "errors": {code: n for code, n in self.codes.items() if code != "OK"},
             "requests_per_s": ok / self.seconds if self.seconds else 0.0,
@@ -88,11 +90,12 @@ class LoadReport:
 
 async def run_load(connection: str | dict, task: str, items: Sequence, *, concurrency: int = 8,
                    duration: float | None = 10.0, requests: int | None = None, items_per_request: int = 1,
-                   timeout: float = 30.0, progress: bool = False) -> LoadReport:
+                   timeout: float = 30.0, progress: bool = False, stream: bool = False) -> LoadReport:
     """Closed-loop load: ``concurrency`` clients until ``duration`` seconds passed or ``requests`` were sent.
     ``connection``: host:port, or the keyword arguments of AsyncBertzooClient (target, token, TLS files); each client
     has its own connection, without retries (a refusal is what the benchmark counts). ``progress``: a bar of answered
-    requests (on a terminal)."""
+    requests (on a terminal). ``stream``: each client sends its requests over one call of the RPC's streaming twin
+    (``SentimentStream``, ...), still one at a time, so both modes measure at the same requests in flight."""
     if task not in LOAD_TASKS:
         raise ValueError(f"task must be one of {LOAD_TASKS}, got {task!r}")
     if duration is None and requests is None:
@@ -103,26 +106,59 @@ async def run_load(connection: str | dict, task: str, items: Sequence, *, concur
               "embed": "Embed"}[task]
     source = itertools.cycle(items)
     sent = itertools.count()
-    report = LoadReport(task, concurrency, items_per_request)
+    report = LoadReport(task, concurrency, items_per_request, stream)
     started = time.perf_counter()
     stop_at = None if duration is None else started + duration
     bar = tqdm(total=requests, desc=f"bench-serve {task}", unit="req", disable=None if progress else True, leave=False,
                dynamic_ncols=True, mininterval=0.5)
 
+    def more() -> bool:
+        return (requests is None or next(sent) < requests) and (stop_at is None or time.perf_counter() < stop_at)
+
+    def count(code: str, t0: float) -> None:
+        if code == "OK":
+            report.latencies.append(time.perf_counter() - t0)
+        report.codes[code] += 1
+        bar.update(1)
+
+    async def unary_client(channel: AsyncBertzooClient) -> None:
+        while more():
+            request = _request(task, [next(source) for _ in range(items_per_request)])
+            t0 = time.perf_counter()
+            try:
+                await channel.call(method, request)
+            except grpc.aio.AioRpcError as e:
+                count(e.code().name, t0)
+            else:
+                count("OK", t0)
+
+    async def stream_client(channel: AsyncBertzooClient) -> None:
+        call = None
+        while more():
+            request = _request(task, [next(source) for _ in range(items_per_request)])
+            t0 = time.perf_counter()
+            try:
+                call = call or channel.stream(method)
+                await call.write(request)
+                answer = await asyncio.wait_for(call.read(), timeout)
+            except grpc.aio.AioRpcError as e:  # the stream ended: count it, open a new one
+                count(e.code().name, t0)
+                call = None
+            except asyncio.TimeoutError:
+                count("DEADLINE_EXCEEDED", t0)
+                call.cancel()
+                call = None
+            else:
+                if answer is grpc.aio.EOF:
+                    raise RuntimeError(f"the server ended the {method}Stream call without answering")
+                count(answer.error.code if answer.WhichOneof("result") == "error" else "OK", t0)
+        if call is not None:
+            await call.done_writing()
+
     async def client() -> None:
         channel = AsyncBertzooClient(**connection, timeout=timeout, options=channel_options(retries=False))
         try:
-            while (requests is None or next(sent) < requests) and (stop_at is None or time.perf_counter() < stop_at):
-                request = _request(task, [next(source) for _ in range(items_per_request)])
-                t0 = time.perf_counter()
-                try:
-                    await channel.call(method, request)
-                except grpc.aio.AioRpcError as e:
-                    report.codes[e.code().name] += 1
-                else:
-                    report.latencies.append(time.perf_counter() - t0)
-                    report.codes["OK"] += 1
-                bar.update(1)
+            await (stream_client if stream else unary_client)(channel)
         finally:
             await channel.close()
 
@@ -138,7 +174,8 @@ def format_report(summary: dict) -> str:
 
     errors = ", ".join(f"{code}: {n}" for code, n in sorted(summary["errors"].items())) or "none"
     return "\n".join([
-        f"task {summary['task']}, {summary['concurrency']} clients, {summary['items_per_request']} items per request, "
+        f"task {summary['task']}{' (streams)' if summary.get('stream') else ''}, {summary['concurrency']} clients, "
+        f"{summary['items_per_request']} items per request, "
         f"{summary['seconds']:.1f} s",
         f"requests   {summary['requests']} ({summary['ok']} OK; errors: {errors})",
         f"throughput {summary['requests_per_s']:.1f} requests/s, {summary['items_per_s']:.1f} items/s",

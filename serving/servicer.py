@@ -1,7 +1,9 @@
 """The bertzoo.v1.Bertzoo gRPC servicer: protobuf in and out around the transport-agnostic TaskService.
 
-Each RPC is one call of :meth:`BertzooServicer._handle`, which maps the core's errors to status codes and records
-the request metrics (in-flight gauge, latency, result by code and reason) whatever happens, cancellation included.
+Every request, of a unary RPC or on a stream, is one call of :meth:`BertzooServicer._serve_one`, which maps the core's
+errors to status codes and records the request metrics (in-flight gauge, latency, result by code and reason) whatever
+happens, cancellation included. A unary RPC ends with a failure's status; a stream answers it in the request's place
+and goes on.
 """
 
 from __future__ import annotations
@@ -9,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import asdict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import asdict, dataclass
 from typing import TypeVar
 
 import grpc
@@ -23,12 +25,24 @@ from .tasks_service import TaskService, Timing
 
 log = logging.getLogger("bertzoo.serving")
 
+Request = TypeVar("Request")
 Response = TypeVar("Response")
+StreamResponse = TypeVar("StreamResponse")
+# One request's work: given the loaded service and the seconds left before the deadline, its response.
+Answer = Callable[[TaskService, float | None], Awaitable[Response]]
 
 # The server's deadline starts when the request arrives, a little after the client's, so a client whose deadline
 # passes cancels the call while the server still sees up to the transit time (milliseconds, more under load) left.
 # A cancellation that close to the deadline is the deadline.
 DEADLINE_SKEW_SECONDS = 0.1
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A request's failure: the status code's name (``grpc.StatusCode``) and the message the client gets."""
+
+    code: str
+    message: str
 
 
 def _timing(t: Timing) -> pb2.Timing:
@@ -60,8 +74,10 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
         else:
             self._unexpected[task] = (last, suppressed + 1)
 
-    async def _handle(self, task: str, context: grpc.aio.ServicerContext,
-                      answer: Callable[[TaskService, float | None], Awaitable[Response]]) -> Response:
+    async def _serve_one(self, task: str, context: grpc.aio.ServicerContext,
+                         answer: Answer[Response]) -> Response | Failure:
+        """One request, unary or on a stream: its response, or the status it fails with. Records the request's
+        metrics (in-flight gauge, latency, result by code and reason) whatever happens, cancellation included."""
         started = time.perf_counter()
         code, reason = "OK", ""
         self._metrics.inflight.inc()
@@ -73,8 +89,7 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
             return await answer(service, context.time_remaining())
         except ServingError as e:
             code, reason = e.code, e.reason
-            await context.abort(grpc.StatusCode[e.code], str(e))
-            raise  # not reached: abort raises
+            return Failure(e.code, str(e))
         except asyncio.CancelledError:
             # gRPC cancels the handler when the client cancels, disconnects or its deadline passes.
             remaining = context.time_remaining()
@@ -87,55 +102,138 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
         except Exception:
             self._log_unexpected(task)
             code, reason = "INTERNAL", "unexpected"
-            await context.abort(grpc.StatusCode.INTERNAL, "internal server error (details in the server log)")
-            raise  # not reached: abort raises
+            return Failure("INTERNAL", "internal server error (details in the server log)")
         finally:
             self.in_flight -= 1
             self._metrics.inflight.dec()
             self._metrics.record_request(task, code, reason, time.perf_counter() - started)
 
-    async def Sentiment(self, request: pb2.SentimentRequest, context: grpc.aio.ServicerContext
-                        ) -> pb2.SentimentResponse:
+    async def _handle(self, task: str, context: grpc.aio.ServicerContext,
+                      answer: Answer[Response]) -> Response:
+        """A unary RPC: the response, or the call ends with the failure's status."""
+        result = await self._serve_one(task, context, answer)
+        if isinstance(result, Failure):
+            await context.abort(grpc.StatusCode[result.code], result.message)
+        return result
+
+    async def _stream(self, task: str, requests: AsyncIterator[Request], context: grpc.aio.ServicerContext,
+                      answer_for: Callable[[Request], Answer[Response]],
+                      wrap: Callable[..., StreamResponse]) -> AsyncIterator[StreamResponse]:
+        """A streaming RPC: each request served as the unary RPC serves it, up to ``stream_window`` at a time (so
+        they share batches), and answered in request order, a failure as ``error`` in its place. A reader task
+        takes requests off the stream while this generator writes the answers."""
+        window = asyncio.Semaphore(self._config.stream_window)
+        answers: asyncio.Queue[asyncio.Task | None] = asyncio.Queue()
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    await window.acquire()
+                    answers.put_nowait(asyncio.create_task(self._serve_one(task, context, answer_for(request))))
+            finally:
+                answers.put_nowait(None)  # the end of the requests (or of reading them: read's error follows)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (answering := await answers.get()) is not None:
+                result = await answering
+                window.release()
+                if isinstance(result, Failure):
+                    yield wrap(error=pb2.StreamError(code=result.code, message=result.message))
+                else:
+                    yield wrap(response=result)
+            await reader  # re-raises what ended the reading (a malformed message's abort, a broken stream)
+        finally:
+            reader.cancel()
+            while not answers.empty():
+                if (left := answers.get_nowait()) is not None:
+                    left.cancel()
+
+    # ------------------------------------------------------------------ each RPC's answer, unary and streaming
+
+    def _sentiment(self, request: pb2.SentimentRequest) -> Answer[pb2.SentimentResponse]:
         async def answer(service: TaskService, timeout: float | None) -> pb2.SentimentResponse:
             results, timing = await service.sentiment(list(request.texts), timeout)
             return pb2.SentimentResponse(
                 results=[pb2.SentimentResult(**asdict(r)) for r in results],
                 timing=_timing(timing), labels=service.spec.labels["sentiment"])
 
-        return await self._handle("sentiment", context, answer)
+        return answer
 
-    async def Paraphrase(self, request: pb2.ParaphraseRequest, context: grpc.aio.ServicerContext
-                         ) -> pb2.ParaphraseResponse:
+    def _paraphrase(self, request: pb2.ParaphraseRequest) -> Answer[pb2.ParaphraseResponse]:
         async def answer(service: TaskService, timeout: float | None) -> pb2.ParaphraseResponse:
             results, timing = await service.paraphrase([(p.text_a, p.text_b) for p in request.pairs], timeout)
             return pb2.ParaphraseResponse(results=[pb2.ParaphraseResult(**asdict(r)) for r in results],
                                           timing=_timing(timing))
 
-        return await self._handle("paraphrase", context, answer)
+        return answer
 
-    async def Similarity(self, request: pb2.SimilarityRequest, context: grpc.aio.ServicerContext
-                         ) -> pb2.SimilarityResponse:
+    def _similarity(self, request: pb2.SimilarityRequest) -> Answer[pb2.SimilarityResponse]:
         async def answer(service: TaskService, timeout: float | None) -> pb2.SimilarityResponse:
             results, timing = await service.similarity([(p.text_a, p.text_b) for p in request.pairs], timeout)
             return pb2.SimilarityResponse(results=[pb2.SimilarityResult(**asdict(r)) for r in results],
                                           timing=_timing(timing))
 
-        return await self._handle("similarity", context, answer)
+        return answer
 
-    async def QA(self, request: pb2.QARequest, context: grpc.aio.ServicerContext) -> pb2.QAResponse:
+    def _qa(self, request: pb2.QARequest) -> Answer[pb2.QAResponse]:
         async def answer(service: TaskService, timeout: float | None) -> pb2.QAResponse:
             spans, timing = await service.qa([(item.question, item.context) for item in request.items], timeout)
             return pb2.QAResponse(results=[pb2.QAResult(**asdict(s)) for s in spans], timing=_timing(timing))
 
-        return await self._handle("qa", context, answer)
+        return answer
 
-    async def Embed(self, request: pb2.EmbedRequest, context: grpc.aio.ServicerContext) -> pb2.EmbedResponse:
+    def _embed(self, request: pb2.EmbedRequest) -> Answer[pb2.EmbedResponse]:
         async def answer(service: TaskService, timeout: float | None) -> pb2.EmbedResponse:
             vectors, timing = await service.embed(list(request.texts), timeout)
             return pb2.EmbedResponse(embeddings=[pb2.Embedding(values=v.tolist()) for v in vectors],
                                      timing=_timing(timing), dimensions=int(vectors.shape[1]))
 
-        return await self._handle("embed", context, answer)
+        return answer
+
+    async def Sentiment(self, request: pb2.SentimentRequest, context: grpc.aio.ServicerContext) -> pb2.SentimentResponse:
+        return await self._handle("sentiment", context, self._sentiment(request))
+
+    async def Paraphrase(self, request: pb2.ParaphraseRequest, context: grpc.aio.ServicerContext) -> pb2.ParaphraseResponse:
+        return await self._handle("paraphrase", context, self._paraphrase(request))
+
+    async def Similarity(self, request: pb2.SimilarityRequest, context: grpc.aio.ServicerContext) -> pb2.SimilarityResponse:
+        return await self._handle("similarity", context, self._similarity(request))
+
+    async def QA(self, request: pb2.QARequest, context: grpc.aio.ServicerContext) -> pb2.QAResponse:
+        return await self._handle("qa", context, self._qa(request))
+
+    async def Embed(self, request: pb2.EmbedRequest, context: grpc.aio.ServicerContext) -> pb2.EmbedResponse:
+        return await self._handle("embed", context, self._embed(request))
+
+    # gRPC aio serves a streaming handler as an async generator function, so each is one (not a returned generator).
+    async def SentimentStream(self, requests: AsyncIterator[pb2.SentimentRequest], context: grpc.aio.ServicerContext
+                           ) -> AsyncIterator[pb2.SentimentStreamResponse]:
+        async for response in self._stream("sentiment", requests, context, self._sentiment,
+                                           pb2.SentimentStreamResponse):
+            yield response
+
+    async def ParaphraseStream(self, requests: AsyncIterator[pb2.ParaphraseRequest], context: grpc.aio.ServicerContext
+                           ) -> AsyncIterator[pb2.ParaphraseStreamResponse]:
+        async for response in self._stream("paraphrase", requests, context, self._paraphrase,
+                                           pb2.ParaphraseStreamResponse):
+            yield response
+
+    async def SimilarityStream(self, requests: AsyncIterator[pb2.SimilarityRequest], context: grpc.aio.ServicerContext
+                           ) -> AsyncIterator[pb2.SimilarityStreamResponse]:
+        async for response in self._stream("similarity", requests, context, self._similarity,
+                                           pb2.SimilarityStreamResponse):
+            yield response
+
+    async def QAStream(self, requests: AsyncIterator[pb2.QARequest], context: grpc.aio.ServicerContext
+                           ) -> AsyncIterator[pb2.QAStreamResponse]:
+        async for response in self._stream("qa", requests, context, self._qa, pb2.QAStreamResponse):
+            yield response
+
+    async def EmbedStream(self, requests: AsyncIterator[pb2.EmbedRequest], context: grpc.aio.ServicerContext
+                           ) -> AsyncIterator[pb2.EmbedStreamResponse]:
+        async for response in self._stream("embed", requests, context, self._embed, pb2.EmbedStreamResponse):
+            yield response
 
     async def ModelInfo(self, request: pb2.ModelInfoRequest, context: grpc.aio.ServicerContext
                         ) -> pb2.ModelInfoResponse:
@@ -147,7 +245,8 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
                     max_items_per_request=config.max_items, max_text_chars=config.max_text_chars,
                     max_seq_length=limits.max_seq_length, qa_max_length=limits.qa_max_length,
                     qa_doc_stride=limits.qa_doc_stride, qa_max_question_tokens=limits.qa_max_question_tokens,
-                    qa_max_answer_tokens=limits.qa_max_answer_tokens, overlong=config.overlong),
+                    qa_max_answer_tokens=limits.qa_max_answer_tokens, overlong=config.overlong,
+                    stream_window=config.stream_window),
                 backend=spec.backend, variant=spec.variant, pooling=spec.pooling, embedding_dimensions=spec.hidden_size,
                 length_buckets=spec.length_buckets, qa_null_threshold=spec.qa_null_threshold,
                 artifact_versions=spec.artifact_versions, runtime_versions=self._runtime_versions,

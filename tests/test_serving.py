@@ -137,7 +137,7 @@ def test_model_info_reports_tasks_labels_limits_and_versions(served):
     assert list(info.tasks) == ["sentiment", "paraphrase", "similarity", "qa"]
     assert info.sentiment_labels[0] == "very negative" and list(info.paraphrase_labels) == ["not_duplicate", "duplicate"]
     assert (info.limits.max_seq_length, info.limits.qa_max_length, info.limits.qa_doc_stride) == (128, 128, 32)
-    assert (info.limits.max_items_per_request, info.limits.overlong) == (64, "truncate")
+    assert (info.limits.max_items_per_request, info.limits.overlong, info.limits.stream_window) == (64, "truncate", 32)
     assert (info.backend, info.variant, info.pooling, info.embedding_dimensions) == ("onnxruntime", "fp32", "mean", 32)
     assert list(info.length_buckets) == [16, 32, 64, 128]
     assert info.artifact_versions["onnx"] and info.runtime_versions["grpcio"] == grpc.__version__
@@ -153,7 +153,8 @@ def test_health_is_serving_and_reflection_lists_the_services(served):
     assert set(database.get_services()) == {"bertzoo.v1.Bertzoo", "grpc.health.v1.Health",
                                             "grpc.reflection.v1alpha.ServerReflection"}
     service = DescriptorPool(database).FindServiceByName("bertzoo.v1.Bertzoo")
-    assert [m.name for m in service.methods] == ["Sentiment", "Paraphrase", "Similarity", "QA", "Embed", "ModelInfo"]
+    unary = ["Sentiment", "Paraphrase", "Similarity", "QA", "Embed"]
+    assert [m.name for m in service.methods] == [*unary, "ModelInfo", *(f"{m}Stream" for m in unary)]
 
 
 @pytest.mark.parametrize(("call", "args", "message"), [

@@ -1,0 +1,190 @@
+"""The streaming RPCs (SentimentStream, ...): the same answers as the unary RPCs, one per request and in request order,
+a failed request answered in its place while the stream goes on, a malformed message ending the stream, at most
+``stream_window`` requests of one stream in the server at a time, and the load generator's stream mode."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import SimpleNamespace
+
+import grpc
+import numpy as np
+import pytest
+
+from bertzoo.datafiles import load_split, samples_dir
+from bertzoo.serving.client import BertzooClient
+from bertzoo.serving.config import ServeConfig
+from bertzoo.serving.errors import QueueFull
+from bertzoo.serving.grpc_server import ServerThread
+from bertzoo.serving.load import run_load
+from bertzoo.serving.metrics import Metrics
+from bertzoo.serving.proto import pb2
+from bertzoo.serving.servicer import BertzooServicer
+from conftest import serve_config
+
+
+@pytest.fixture(scope="module")
+def served(tiny_artifact):
+    _, artifact = tiny_artifact
+    with ServerThread(serve_config(artifact)) as running, \
+            BertzooClient(f"127.0.0.1:{running.port}", timeout=30) as client:
+        yield running, client
+
+
+def answers(client: BertzooClient, method: str, requests: list) -> list:
+    """Every message of one stream carrying ``requests``."""
+    return list(client.stream(method, iter(requests), timeout=60))
+
+
+def test_each_stream_answers_what_its_unary_rpc_answers_in_request_order(served):
+    _, client = served
+    texts = [e.text for e in load_split(samples_dir(), "sentiment", "dev")[:12]]
+    pairs = [(e.text_a, e.text_b) for e in load_split(samples_dir(), "similarity", "dev")[:6]]
+    questions = [(e.question, e.context) for e in load_split(samples_dir(), "qa", "dev")[:4]]
+    cases = [
+        ("Sentiment", [pb2.SentimentRequest(texts=[t]) for t in texts] + [pb2.SentimentRequest(texts=texts[:3])],
+         lambda r: [(x.label, list(x.probabilities)) for x in r.results]),
+        ("Embed", [pb2.EmbedRequest(texts=[t]) for t in texts], lambda r: [list(e.values) for e in r.embeddings]),
+        ("Paraphrase", [pb2.ParaphraseRequest(pairs=[pb2.TextPair(text_a=a, text_b=b)]) for a, b in pairs],
+         lambda r: [x.probability for x in r.results]),
+        ("Similarity", [pb2.SimilarityRequest(pairs=[pb2.TextPair(text_a=a, text_b=b)]) for a, b in pairs],
+         lambda r: [x.score for x in r.results]),
+        ("QA", [pb2.QARequest(items=[pb2.QAItem(question=q, context=c)]) for q, c in questions],
+         lambda r: [(x.answer, x.start_char, x.end_char, x.no_answer) for x in r.results]),
+    ]
+    for method, requests, content in cases:
+        streamed = answers(client, method, requests)
+        assert len(streamed) == len(requests), method
+        for request, message in zip(requests, streamed, strict=True):
+            assert message.WhichOneof("result") == "response", (method, message)
+            unary = client.call(method, request)
+            got, want = content(message.response), content(unary)
+            if method == "QA":
+                assert got == want
+            else:  # batched with different neighbours: equal up to float rounding
+                np.testing.assert_allclose(np.asarray([g[1] if isinstance(g, tuple) else g for g in got], dtype=float),
+                                           np.asarray([w[1] if isinstance(w, tuple) else w for w in want], dtype=float),
+                                           atol=1e-5)
+                if method == "Sentiment":
+                    assert [g[0] for g in got] == [w[0] for w in want]
+            assert message.response.timing.total_seconds > 0
+
+
+def test_a_failed_request_is_answered_in_its_place_and_the_stream_goes_on(served):
+    running, client = served
+    requests = [pb2.SentimentRequest(texts=["fine"]), pb2.SentimentRequest(texts=["fine", "   "]),
+                pb2.SentimentRequest(texts=[]), pb2.SentimentRequest(texts=["still fine"])]
+    before = running.metrics.registry.get_sample_value(
+        "bertzoo_request_failures_total", {"task": "sentiment", "code": "INVALID_ARGUMENT", "reason": "empty_text"}) or 0
+    streamed = answers(client, "Sentiment", requests)
+    assert [m.WhichOneof("result") for m in streamed] == ["response", "error", "error", "response"]
+    # the same code and message as the unary RPC's status
+    assert (streamed[1].error.code, streamed[1].error.message) == ("INVALID_ARGUMENT", "texts[1] is empty")
+    assert (streamed[2].error.code, streamed[2].error.message) == ("INVALID_ARGUMENT", "texts: no items; send 1 to 64")
+    assert len(streamed[3].response.results) == 1
+    # each request of a stream is counted as a request of its task
+    assert running.metrics.registry.get_sample_value(
+        "bertzoo_request_failures_total",
+        {"task": "sentiment", "code": "INVALID_ARGUMENT", "reason": "empty_text"}) == before + 1
+
+
+def test_a_malformed_message_ends_the_stream_with_invalid_argument_without_a_traceback(served, caplog):
+    running, client = served
+    good = pb2.EmbedRequest(texts=["fine"]).SerializeToString()
+    call = client.channel.stream_stream("/bertzoo.v1.Bertzoo/EmbedStream",
+                                        response_deserializer=pb2.EmbedStreamResponse.FromString)
+    with caplog.at_level(logging.DEBUG):
+        responses = call(iter([good, b"\xff\xff\xff", good]), timeout=30)
+        first = next(responses)
+        with pytest.raises(grpc.RpcError) as error:
+            next(responses)
+    assert first.WhichOneof("result") == "response"
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not a valid message" in error.value.details()
+    assert running.metrics.registry.get_sample_value(
+        "bertzoo_request_failures_total", {"task": "embed", "code": "INVALID_ARGUMENT", "reason": "malformed"}) == 1
+    assert not [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
+    assert client.embed(["the server goes on"]).dimensions > 0
+
+
+def test_the_load_generator_drives_streams(served):
+    running, _ = served
+    report = asyncio.run(run_load(f"127.0.0.1:{running.port}", "sentiment", ["a fine film", "a dull one"],
+                                  concurrency=3, duration=None, requests=20, stream=True))
+    summary = report.summary()
+    assert summary["ok"] == 20 and summary["errors"] == {} and summary["stream"] is True
+
+
+class SlowService:
+    """A TaskService stand-in whose sentiment answers when the test says so, counting the requests it holds."""
+
+    spec = SimpleNamespace(labels={"sentiment": ["negative", "positive"]})
+
+    def __init__(self) -> None:
+        self.held = 0
+        self.most_held = 0
+        self.release: dict[str, asyncio.Event] = {}
+
+    async def sentiment(self, texts, timeout):
+        self.held += 1
+        self.most_held = max(self.most_held, self.held)
+        if texts[0] == "full":
+            self.held -= 1
+            raise QueueFull("the server's queue is full (256 requests waiting); retry later")
+        event = self.release.setdefault(texts[0], asyncio.Event())
+        await event.wait()
+        self.held -= 1
+        return [], None
+
+
+class FakeContext:
+    def time_remaining(self) -> float | None:
+        return None
+
+
+def test_a_stream_holds_at_most_its_window_and_answers_in_request_order(monkeypatch):
+    """Requests finish in reverse order; their answers still come back in request order, and no more than
+    ``stream_window`` of them are in the server at a time."""
+    service = SlowService()
+    servicer = BertzooServicer(lambda: service, ServeConfig("unused", stream_window=3), Metrics(), {})
+    monkeypatch.setattr("bertzoo.serving.servicer._timing", lambda timing: pb2.Timing())
+
+    async def scenario() -> list:
+        texts = [f"t{i}" for i in range(6)] + ["full"]
+
+        async def requests():
+            for text in texts:
+                yield pb2.SentimentRequest(texts=[text])
+
+        got: list = []
+
+        async def consume():
+            async for message in servicer.SentimentStream(requests(), FakeContext()):
+                got.append(message)
+
+        consumer = asyncio.create_task(consume())
+        for text in reversed(texts[:-1]):  # the later requests finish first
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert service.held <= 3
+            service.release.setdefault(text, asyncio.Event()).set()
+        await asyncio.wait_for(consumer, 10)
+        return got
+
+    got = asyncio.run(scenario())
+    assert service.most_held == 3
+    assert [m.WhichOneof("result") for m in got] == ["response"] * 6 + ["error"]
+    assert got[-1].error.code == "RESOURCE_EXHAUSTED"
+
+
+def test_a_stream_needs_the_token_as_a_call_does(tiny_artifact):
+    _, artifact = tiny_artifact
+    request = pb2.SentimentRequest(texts=["fine"])
+    with ServerThread(serve_config(artifact, auth_token="s3cret-token")) as running:
+        target = f"127.0.0.1:{running.port}"
+        with BertzooClient(target) as anonymous, pytest.raises(grpc.RpcError) as error:
+            answers(anonymous, "Sentiment", [request])
+        assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with BertzooClient(target, token="s3cret-token") as client:
+            assert [m.WhichOneof("result") for m in answers(client, "Sentiment", [request] * 3)] == ["response"] * 3
