@@ -14,7 +14,8 @@ sending one SST dev sentence per request, in this order:
    all threads or one per thread, batches of 16 or 64 rows, rows padded to their longest or as the server pads
    them, ONNX Runtime's spinning on or off). "Ceiling as served" is the best of the settings that pad as the
    server does: the two ratios tell what the padding rule costs from what the serving itself costs;
-3. `bertzoo serve` with each variant (and each --instances count), answering Sentiment and Embed: sentences/s against
+3. `bertzoo serve` with each variant (and each --instances count), answering Sentiment and Embed, called unary and
+   (--modes) over streams (SentimentStream, EmbedStream: each client's requests on one call): sentences/s against
    that ceiling, the useful encoder work (unpadded tokens, in FLOPs) against the matrix-product peak of its
    precision, the CPU the server and the load generator each used (they share the cores), and from the server's
    metrics its batches' padding efficiency (real tokens / padded tokens) and rows per batch;
@@ -119,10 +120,11 @@ def measured_load(pid: int, load) -> dict:
             "load_generator_cores": (own_cpu_seconds() - own0) / wall}
 
 
-def closed_loop(port: int, task: str, items: list, concurrency: int, duration: float) -> dict:
+def closed_loop(port: int, task: str, items: list, concurrency: int, duration: float, stream: bool = False) -> dict:
     target = f"127.0.0.1:{port}"
-    asyncio.run(run_load(target, task, items, concurrency=concurrency, duration=3))  # warm-up
-    return asyncio.run(run_load(target, task, items, concurrency=concurrency, duration=duration)).summary()
+    asyncio.run(run_load(target, task, items, concurrency=concurrency, duration=3, stream=stream))  # warm-up
+    return asyncio.run(run_load(target, task, items, concurrency=concurrency, duration=duration,
+                                stream=stream)).summary()
 
 
 async def _open_loop(port: int, sentences: list[str], rate: float, duration: float) -> dict:
@@ -285,6 +287,8 @@ def main() -> None:
     parser.add_argument("--instances", default="1,2", help="`bertzoo serve --instances` counts to measure")
     parser.add_argument("--variants", help=f"comma-separated, of {', '.join(VARIANTS)} (default: ONNX Runtime's "
                         "three, and OpenVINO's where it is installed)")
+    parser.add_argument("--modes", default="unary,stream", help="how bertzoo's clients call: unary (one call per "
+                        "request), stream (each client's requests over one call of the *Stream RPC), or both")
     parser.add_argument("--infinity", metavar="VENV", help="infinity-emb's virtual environment (peer rows)")
     parser.add_argument("--infinity-models", metavar="MODELS", help="its model folders (peers/infinity_setup.sh)")
     parser.add_argument("--out", help="also write the results as JSON here")
@@ -296,6 +300,9 @@ def main() -> None:
     if bool(args.infinity) != bool(args.infinity_models):
         parser.error("--infinity and --infinity-models go together")
     variants = args.variants.split(",") if args.variants else default_variants()
+    modes = args.modes.split(",")
+    if not modes or set(modes) - {"unary", "stream"} or "unary" not in modes:
+        parser.error("--modes: unary, or unary,stream (the half-saturation and mixed loads are unary)")
     if unknown := [v for v in variants if v not in VARIANTS]:
         parser.error(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
     from bertzoo.artifact import load_manifest
@@ -346,20 +353,23 @@ def main() -> None:
             server = start_bertzoo(args.artifact, port, *VARIANTS[variant][2], "--threads", str(args.threads),
                                    "--instances", str(instances), metrics_port=metrics_port)
             try:
-                for task in TASKS:
+                for task, stream in ((t, mode == "stream") for t in TASKS for mode in modes):
                     before = batch_counters(metrics_port)
-                    s = measured_load(server.pid, lambda t=task, p=port: closed_loop(p, t, sentences,
-                                                                                     args.concurrency, args.duration))
+                    s = measured_load(server.pid, lambda t=task, p=port, m=stream: closed_loop(
+                        p, t, sentences, args.concurrency, args.duration, m))
                     batches = {k: v - before[k] for k, v in batch_counters(metrics_port).items()}
                     # the load cycles through the sentences, so the served rows average the set's mean length
-                    add(name, task, s["items_per_s"], variant, p50_ms=s["p50_ms"], p99_ms=s["p99_ms"],
+                    add(name + (", streams" if stream else ""), task, s["items_per_s"], variant, p50_ms=s["p50_ms"],
+                        p99_ms=s["p99_ms"],
                         server_cores=s["server_cores"], load_generator_cores=s["load_generator_cores"],
                         errors=sum(s["errors"].values()), padding_efficiency=batches["bertzoo_batch_size_sum"]
                         * results["mean_tokens"] / max(batches["bertzoo_batch_tokens_sum"], 1.0),
                         mean_batch_rows=batches["bertzoo_batch_size_sum"] / max(batches["bertzoo_batch_size_count"], 1))
-                    print(f"{name}, {task}: {s['items_per_s']:.1f} sentences/s", flush=True)
+                    print(f"{name}, {task}{' over streams' if stream else ''}: {s['items_per_s']:.1f} sentences/s",
+                          flush=True)
                 if variant == variants[0] and instances == instance_counts[-1]:
-                    half = results["rows"][-2]["items_per_s"] / 2  # its Sentiment saturation
+                    half = next(r["items_per_s"] for r in results["rows"] if r["setup"] == name
+                                and r["rpc"] == "sentiment") / 2  # its unary Sentiment saturation
                     results["half_saturation"] = asyncio.run(_open_loop(port, sentences, half, args.duration))
                     results["half_saturation"]["server"] = name
                     results["mixed"] = mixed(port, Path(args.data).parent, args.concurrency, args.duration)
@@ -375,17 +385,21 @@ def main() -> None:
         best_fp32 = max(s["items_per_s"] for name, s in peers.items() if "fp32" in name)
         best_any = max(v["items_per_s"] for v in peers.values())
 
-        def best_served(variant: str) -> float:
-            return max(r["items_per_s"] for r in results["rows"]
-                       if r["rpc"] == "embed" and r["setup"].startswith(f"bertzoo serve, {variant},"))
+        def best_served(variant: str, stream: bool) -> float:
+            return max(r["items_per_s"] for r in results["rows"] if r["rpc"] == "embed" and r["setup"].startswith(
+                f"bertzoo serve, {variant},") and r["setup"].endswith(", streams") == stream)
 
         against = results["against_infinity"] = {}
-        for variant in variants:
-            against[f"bertzoo Embed {variant} / infinity's best fp32"] = best_served(variant) / best_fp32
-            if variant not in FP32_VARIANTS:
-                against[f"bertzoo Embed {variant} / infinity's best (any precision)"] = best_served(variant) / best_any
-        if fp32 := [v for v in variants if v in FP32_VARIANTS]:
-            against["bertzoo Embed, best fp32 variant / infinity's best fp32"] = max(map(best_served, fp32)) / best_fp32
+        for stream in (mode == "stream" for mode in modes):
+            how = "Embed over streams" if stream else "Embed"
+            for variant in variants:
+                against[f"bertzoo {how} {variant} / infinity's best fp32"] = best_served(variant, stream) / best_fp32
+                if variant not in FP32_VARIANTS:
+                    against[f"bertzoo {how} {variant} / infinity's best (any precision)"] = (
+                        best_served(variant, stream) / best_any)
+            if fp32 := [v for v in variants if v in FP32_VARIANTS]:
+                against[f"bertzoo {how}, best fp32 variant / infinity's best fp32"] = max(
+                    best_served(v, stream) for v in fp32) / best_fp32
     port = free_port()
     plain = start([sys.executable, __file__, args.artifact, args.checkpoint, "--data", args.data, "--plain-server",
                    "--port", str(port)], lambda: answers_sentiment(port))
