@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from bertzoo.serving.client import BertzooClient, channel_options
+from bertzoo.serving.proto import pb2
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deploy"))
 import local  # noqa: E402
@@ -58,6 +59,10 @@ def test_replicas_behind_nginx_scraped_by_prometheus_and_a_replica_drained_mid_t
                 call(client, TASKS[i % len(TASKS)], i)
             shares = [requests_answered(stack, i) for i in range(2)]
             assert sum(shares) >= 150 and min(shares) >= 30, shares  # round robin over both
+            # A stream passes through nginx too: many requests on one call, each answered, in order.
+            streamed = list(client.stream("Embed", (pb2.EmbedRequest(texts=[f"streamed {i}"]) for i in range(40)),
+                                          timeout=60))
+            assert [m.WhichOneof("result") for m in streamed] == ["response"] * 40
 
             # Half the clients retry as the bertzoo client does by default, half not at all. gRPC core cancels a call
             # that reaches the replica in the instant its drain starts (accepted in the GOAWAY handshake, then dropped
