@@ -50,6 +50,18 @@ def _timing(t: Timing) -> pb2.Timing:
                       total_seconds=t.total)
 
 
+def _stream_method(task: str, answer_for: str, wrap: Callable[..., StreamResponse]):
+    """A ``*Stream`` RPC's handler: :meth:`BertzooServicer._stream` with the servicer's ``answer_for`` method (the one
+    its unary RPC uses). gRPC aio serves a streaming handler only as an async generator function, so this is one."""
+
+    async def handler(self: BertzooServicer, requests: AsyncIterator, context: grpc.aio.ServicerContext
+                      ) -> AsyncIterator[StreamResponse]:
+        async for response in self._stream(task, requests, context, getattr(self, answer_for), wrap):
+            yield response
+
+    return handler
+
+
 class BertzooServicer(pb2_grpc.BertzooServicer):
     def __init__(self, service: Callable[[], TaskService | None], config: ServeConfig, metrics: Metrics,
                  runtime_versions: dict[str, str]) -> None:
@@ -206,34 +218,11 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
     async def Embed(self, request: pb2.EmbedRequest, context: grpc.aio.ServicerContext) -> pb2.EmbedResponse:
         return await self._handle("embed", context, self._embed(request))
 
-    # gRPC aio serves a streaming handler as an async generator function, so each is one (not a returned generator).
-    async def SentimentStream(self, requests: AsyncIterator[pb2.SentimentRequest], context: grpc.aio.ServicerContext
-                           ) -> AsyncIterator[pb2.SentimentStreamResponse]:
-        async for response in self._stream("sentiment", requests, context, self._sentiment,
-                                           pb2.SentimentStreamResponse):
-            yield response
-
-    async def ParaphraseStream(self, requests: AsyncIterator[pb2.ParaphraseRequest], context: grpc.aio.ServicerContext
-                           ) -> AsyncIterator[pb2.ParaphraseStreamResponse]:
-        async for response in self._stream("paraphrase", requests, context, self._paraphrase,
-                                           pb2.ParaphraseStreamResponse):
-            yield response
-
-    async def SimilarityStream(self, requests: AsyncIterator[pb2.SimilarityRequest], context: grpc.aio.ServicerContext
-                           ) -> AsyncIterator[pb2.SimilarityStreamResponse]:
-        async for response in self._stream("similarity", requests, context, self._similarity,
-                                           pb2.SimilarityStreamResponse):
-            yield response
-
-    async def QAStream(self, requests: AsyncIterator[pb2.QARequest], context: grpc.aio.ServicerContext
-                           ) -> AsyncIterator[pb2.QAStreamResponse]:
-        async for response in self._stream("qa", requests, context, self._qa, pb2.QAStreamResponse):
-            yield response
-
-    async def EmbedStream(self, requests: AsyncIterator[pb2.EmbedRequest], context: grpc.aio.ServicerContext
-                           ) -> AsyncIterator[pb2.EmbedStreamResponse]:
-        async for response in self._stream("embed", requests, context, self._embed, pb2.EmbedStreamResponse):
-            yield response
+    SentimentStream = _stream_method("sentiment", "_sentiment", pb2.SentimentStreamResponse)
+    ParaphraseStream = _stream_method("paraphrase", "_paraphrase", pb2.ParaphraseStreamResponse)
+    SimilarityStream = _stream_method("similarity", "_similarity", pb2.SimilarityStreamResponse)
+    QAStream = _stream_method("qa", "_qa", pb2.QAStreamResponse)
+    EmbedStream = _stream_method("embed", "_embed", pb2.EmbedStreamResponse)
 
     async def ModelInfo(self, request: pb2.ModelInfoRequest, context: grpc.aio.ServicerContext
                         ) -> pb2.ModelInfoResponse:
