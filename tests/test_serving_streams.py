@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 from types import SimpleNamespace
 
 import grpc
@@ -188,3 +190,33 @@ def test_a_stream_needs_the_token_as_a_call_does(tiny_artifact):
         assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
         with BertzooClient(target, token="s3cret-token") as client:
             assert [m.WhichOneof("result") for m in answers(client, "Sentiment", [request] * 3)] == ["response"] * 3
+
+
+def test_a_draining_replica_answers_its_streams_until_the_grace_ends_then_ends_them_unavailable(tiny_artifact):
+    _, artifact = tiny_artifact
+    running = ServerThread(serve_config(artifact, shutdown_grace=2.0)).__enter__()
+    seen: list[tuple[float, str]] = []
+
+    def requests():
+        for i in range(10_000):
+            yield pb2.SentimentRequest(texts=[f"text {i}"])
+            time.sleep(0.05)
+
+    def consume() -> None:
+        with BertzooClient(f"127.0.0.1:{running.port}") as client:
+            try:
+                for message in client.stream("Sentiment", requests(), timeout=60):
+                    seen.append((time.monotonic(), message.WhichOneof("result")))
+            except grpc.RpcError as e:
+                seen.append((time.monotonic(), e.code().name))
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    while not seen:
+        time.sleep(0.05)
+    stop_began = time.monotonic()
+    running.__exit__(None, None, None)  # SIGTERM's path: drain with the grace, then stop
+    consumer.join(30)
+    assert seen[-1][1] == "UNAVAILABLE", seen[-3:]
+    assert {kind for _, kind in seen[:-1]} == {"response"}
+    assert any(t >= stop_began + 1.0 for t, kind in seen if kind == "response")  # still answered during the grace
