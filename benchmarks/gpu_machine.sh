@@ -21,6 +21,11 @@
 #   recipes [S]       (after setup2 in the same call; RECIPE_ROUND=2 for the second round) RECIPES below, all at
 #                     once, waiting at most S seconds; then
 #   collect [S]       waits at most S seconds more; each copies every finished run's dev metrics to $OUT
+#   claims C SEEDS [S]  (after setup2 in the same call) every (arm, seed) of benchmarks/zoo_claims.py's claim C at
+#                     once, one host thread each on cores 0-13 (seeds past the third at a lower priority, so the
+#                     first three finish first), waiting at most S seconds; the results and logs to $OUT
+#   amx [S]           (beside `claims`, on cores 14-15) where the host CPU has AMX: zoo_step_cost.py's fp32 and bf16
+#                     training steps on 2 of its cores and no GPU, as on the 2-core development VMs
 set -uo pipefail
 S=/scratch
 ORT_WHEEL=onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl
@@ -87,7 +92,9 @@ R=$(pwd); mkdir -p $S
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 pipi() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$@"; }
 status() { tail -c 400 $S/train.log 2>/dev/null; tail -n 1 $S/run/train_log.jsonl 2>/dev/null; ls $S; }
-pipi .gpu/pkg/bertzoo-*.whl  # every call: the code as it is now
+# Every call: the code as it is now (once per wheel: steps that run side by side must not reinstall under each other).
+wheel_sum=$(cat .gpu/pkg/bertzoo-*.whl | sha256sum | cut -c1-16)
+[ -f /tmp/site/.bertzoo-$wheel_sum ] || { pipi .gpu/pkg/bertzoo-*.whl && touch /tmp/site/.bertzoo-$wheel_sum; }
 collect_recipes() {  # wait up to $1 s for every recipe run, then copy what there is to $OUT
   local end=$((SECONDS + $1))
   while [ $SECONDS -lt $end ] && [ "$(ls $S/recipes/*.done 2>/dev/null | wc -l)" -lt ${#RECIPES[@]} ]; do sleep 5; done
@@ -161,6 +168,34 @@ recipes)
   ;;
 collect)
   collect_recipes "${2:-250}"
+  ;;
+claims)
+  mkdir -p $S/claims
+  arms=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import zoo_claims; print(*zoo_claims.CLAIMS['$2'].arms)")
+  n=0
+  for seed in ${3//,/ }; do for arm in $arms; do
+    priority=0; [ $n -ge $((3 * $(wc -w <<< "$arms"))) ] && priority=15; n=$((n + 1))
+    OMP_NUM_THREADS=1 PATH=/tmp/site/bin:$PATH setsid nohup nice -n $priority taskset -c 0-13 bash -c \
+      "python3 benchmarks/zoo_claims.py --data $S/data --out $S/claims --results $S/claims/results --claims $2 \
+       --seeds $seed --arms $arm > $S/claims/$arm-$seed.log 2>&1; touch $S/claims/$arm-$seed.done" \
+      > /dev/null 2>&1 < /dev/null &
+  done; done
+  end=$((SECONDS + ${4:-400}))
+  while [ $SECONDS -lt $end ] && [ "$(ls $S/claims/*.done 2>/dev/null | wc -l)" -lt $n ]; do sleep 5; done
+  echo "$(ls $S/claims/*.done 2>/dev/null | wc -l) of $n runs done after $SECONDS s"
+  python3 benchmarks/zoo_claims.py --data $S/data --out $S/claims --results $S/claims/results --claims $2 --report
+  (cd $S/claims && tar czf "$OUT/claims.tgz" results ./*.log ./*/*/*.log ./*/*/*/train_log.jsonl 2>/dev/null)
+  ;;
+amx)
+  grep -q amx_bf16 /proc/cpuinfo || { echo "no AMX on this host: $(grep -m1 'model name' /proc/cpuinfo)"; exit 0; }
+  end=$((SECONDS + ${2:-400}))
+  for task in sentiment qa; do  # qa: one round of 20 steps (a step is seconds long on 2 cores)
+    options="--steps 40"; [ $task = qa ] && options="--steps 20 --rounds 1"
+    CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=2 PATH=/tmp/site/bin:$PATH timeout $((end - SECONDS)) taskset -c 14,15 \
+      python3 benchmarks/zoo_step_cost.py --data $S/data --out $S/amx_$task --arms baseline,bf16 --task $task \
+      $options > $S/amx_$task.log 2>&1
+    tail -6 $S/amx_$task.log; cp $S/amx_$task/zoo_step_cost.json "$OUT/amx_step_cost_$task.json" 2>/dev/null
+  done
   ;;
 *)
   echo "unknown step ${1:-}; see the header of $0" >&2; exit 2

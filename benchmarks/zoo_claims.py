@@ -51,6 +51,9 @@ class Claim:
     arms: dict[str, tuple[str, ...]]  # arm -> its own options; "baseline" first
     metrics: tuple[tuple[str, str], ...]  # the (task, dev metric) pairs the claim is about
     pretraining: Pretraining | None = None
+    # Globs under --data: the claim trains and evaluates on these files alone (a folder of links to them, in
+    # OUT/<claim>/data), where its paper's dataset is part of the data folder. Empty: all of --data.
+    data_files: tuple[str, ...] = ()
 
 
 _SST5 = ("--tasks", "sentiment", "--epochs", "2")
@@ -73,6 +76,17 @@ CLAIMS: dict[str, Claim] = {
         {"baseline": (), **{f"ssaf_lambda{lam}": ("--encoder", "attention=sparsegen_lin", "--encoder",
                                                   f"sparsegen_lambda={lam}") for lam in (-7, -5, -3, 0)}},
         (("sentiment", "accuracy"),)),
+    # The paper's SQuAD setting: SQuAD v1.1 (every question answerable), lambda -7, 2 epochs, batch 16. Trained on the
+    # v1.1 train file alone, with no synthetic unanswerable questions and a no-answer threshold that never abstains;
+    # scored on the dev file's answerable questions (HasAns), which is v1.1's metric on those questions.
+    "ssaf_squad": Claim(
+        "002", "sparsegen-lin attention beats softmax on SQuAD v1.1 (the paper: lambda -7)",
+        ("--tasks", "qa", "--epochs", "2", "--qa-unanswerable-fraction", "0", "--qa-calibration-articles", "0",
+         "--qa-null-threshold", "1e9"),
+        {"baseline": (), **{f"ssaf_lambda{lam}": ("--encoder", "attention=sparsegen_lin", "--encoder",
+                                                  f"sparsegen_lambda={lam}") for lam in (-7, -5, -3, 0)}},
+        (("qa", "HasAns_f1"), ("qa", "HasAns_exact")),
+        data_files=("squad/train-v1.1*.json", "squad/cs224n-dev-v2.0.json")),
     # Paper 001 trains each task on its own and gives every arm the negative-Pearson STS loss: only the heads differ.
     "task_attention_quora": Claim(
         "001", "a cross-attention layer beats mean pooling + [u; v; |u - v|] for paraphrase (single-task)",
@@ -151,6 +165,25 @@ def pretrained_backbone(bertzoo: str, pretraining: Pretraining, arm: str, seed: 
     return backbone, [r["heldout_mlm_loss"] for r in log_records(run) if "heldout_mlm_loss" in r][-1]
 
 
+def claim_data(claim: Claim, name: str, data: str, out: Path) -> str:
+    """The data folder the claim's runs read: ``data`` itself, or a folder of links to its ``data_files``."""
+    if not claim.data_files:
+        return data
+    view = out / name / "data"
+    for pattern in claim.data_files:
+        matches = sorted(Path(data).glob(pattern))
+        if not matches:
+            sys.exit(f"{name}: no file under {data} matches {pattern!r}, which the claim needs")
+        for source in matches:
+            link = view / source.relative_to(data)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                link.symlink_to(source.resolve())
+            except FileExistsError:  # an earlier run of the claim, or one running beside this one, made it
+                pass
+    return str(view)
+
+
 def train(bertzoo: str, name: str, arm: str, seed: int, out: Path, result: Path, data: str) -> None:
     claim = CLAIMS[name]
     started = time.perf_counter()
@@ -161,6 +194,7 @@ def train(bertzoo: str, name: str, arm: str, seed: int, out: Path, result: Path,
     run = out / name / arm / f"seed{seed}"
     resume = ["--resume"] if (run / "LATEST").exists() else []
     # Checkpoints every 10 minutes too (atomic; a resumed run is bit-identical), so a session's end costs little.
+    data = claim_data(claim, name, data, out)
     run_logged([bertzoo, "train", "--data", data, "--out", str(run), "--seed", str(seed), "--no-progress",
                 "--save-every-minutes", "10", *backbone, *claim.options, *claim.arms[arm], *resume], run)
     dev = [r["dev"] for r in log_records(run) if "dev" in r][-1]  # the evaluation after the last step
