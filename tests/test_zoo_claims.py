@@ -68,3 +68,20 @@ def test_a_baseline_two_claims_share_is_trained_once(zoo_claims, tmp_path):
     write(tmp_path, "ag_sst2", "baseline", [0.80])
     assert zoo_claims.twin_result(tmp_path, "ag_sst2", "ag", 0) is None  # same fine-tuning, other pre-training
     assert zoo_claims.twin_result(tmp_path, "ag_stsb", "baseline", 0) is None  # same pre-training, other task
+
+
+def test_a_claim_that_names_its_files_reads_those_alone(zoo_claims, tmp_path):
+    data = tmp_path / "data"
+    (data / "squad").mkdir(parents=True)
+    for name in ("train-v1.1.first11.json", "train-v2.0.first10.json", "cs224n-dev-v2.0.json"):
+        (data / "squad" / name).write_text("{}")
+    (data / "ids-sst-train.csv").write_text("")
+    claim = zoo_claims.CLAIMS["ssaf_squad"]
+    view = Path(zoo_claims.claim_data(claim, "ssaf_squad", str(data), tmp_path / "out"))
+    assert sorted(str(p.relative_to(view)) for p in view.rglob("*") if p.is_file()) == [
+        "squad/cs224n-dev-v2.0.json", "squad/train-v1.1.first11.json"]
+    assert zoo_claims.claim_data(claim, "ssaf_squad", str(data), tmp_path / "out") == str(view)  # again: no error
+    assert zoo_claims.claim_data(zoo_claims.CLAIMS["ssaf_sst5"], "ssaf_sst5", str(data), tmp_path / "out") == str(data)
+    (data / "squad" / "train-v1.1.first11.json").unlink()
+    with pytest.raises(SystemExit, match="train-v1.1"):
+        zoo_claims.claim_data(claim, "ssaf_squad", str(data), tmp_path / "out2")
