@@ -183,6 +183,8 @@ class BertzooServer:
         if self._server is not None:
             if self._servicer is not None:
                 self._servicer.grace_ends = time.monotonic() + grace
+                if streams := self._servicer.drain_streams():
+                    log.info("shutdown: %d open streams answer what they have taken, then end UNAVAILABLE", streams)
             await self._server.stop(grace)  # returns once every accepted call has finished, or grace ran out
             for _ in range(100):  # the cut calls' handlers record themselves as their cancellation reaches them
                 if self._servicer is None or not self._servicer.in_flight:

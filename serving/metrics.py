@@ -61,7 +61,10 @@ class Metrics:
                                  "bertzoo_queue_depth / bertzoo_queue_limit.", ["lane"], registry=r)
         self.ready = Gauge("bertzoo_ready", "1 while health reports SERVING (model loaded and warmed up, not "
                            "draining), else 0.", registry=r)
-        self.inflight = Gauge("bertzoo_inflight_requests", "RPCs being handled.", registry=r)
+        self.inflight = Gauge("bertzoo_inflight_requests", "Requests being handled (of unary RPCs and on streams).",
+                              registry=r)
+        self.open_streams = Gauge("bertzoo_open_streams", "Open *Stream calls, by task; their requests count under "
+                                  "the task like unary ones.", ["task"], registry=r)
         self.requests = Counter("bertzoo_requests", "RPCs answered, by task and status code.", ["task", "code"],
                                 registry=r)
         self.failures = Counter("bertzoo_request_failures", "Failed RPCs, by task, status code and reason.",
@@ -82,6 +85,7 @@ class Metrics:
             for histogram in (self.request_seconds, self.queue_seconds, self.tokenize_seconds, self.inference_seconds):
                 histogram.labels(task)
             self.requests.labels(task, "OK")
+            self.open_streams.labels(task)
 
     def record_request(self, task: str, code: str, reason: str, seconds: float) -> None:
         self.requests.labels(task, code).inc()

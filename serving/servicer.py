@@ -3,7 +3,8 @@
 Every request, of a unary RPC or on a stream, is one call of :meth:`BertzooServicer._serve_one`, which maps the core's
 errors to status codes and records the request metrics (in-flight gauge, latency, result by code and reason) whatever
 happens, cancellation included. A unary RPC ends with a failure's status; a stream answers it in the request's place
-and goes on.
+and goes on. When the server starts to drain, every open stream stops reading, answers the requests it has taken and
+ends with UNAVAILABLE, so its client sends the rest to another replica now rather than when the grace runs out.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ Answer = Callable[[TaskService, float | None], Awaitable[Response]]
 # passes cancels the call while the server still sees up to the transit time (milliseconds, more under load) left.
 # A cancellation that close to the deadline is the deadline.
 DEADLINE_SKEW_SECONDS = 0.1
+DRAINING_MESSAGE = ("this replica is shutting down: the requests answered on this stream are done; send the rest "
+                    "again, on a new stream (to another replica)")
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,16 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
         self.grace_ends: float | None = None
         self.cut_at_shutdown = 0
         self.in_flight = 0
+        self.draining = False
+        self._stream_readers: set[asyncio.Task] = set()  # each open stream's reader, cancelled by drain_streams()
+
+    def drain_streams(self) -> int:
+        """Stop reading every open stream: each answers the requests it has taken, then ends with UNAVAILABLE.
+        Returns how many streams were open."""
+        self.draining = True
+        for reader in self._stream_readers:
+            reader.cancel()
+        return len(self._stream_readers)
 
     def _log_unexpected(self, task: str) -> None:
         """A bug's traceback once per task and minute; in between, one line, so a storm of failing requests cannot
@@ -145,7 +158,13 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
             finally:
                 answers.put_nowait(None)  # the end of the requests (or of reading them: read's error follows)
 
+        if self.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)
         reader = asyncio.create_task(read())
+        self._stream_readers.add(reader)
+        reader.add_done_callback(self._stream_readers.discard)
+        open_streams = self._metrics.open_streams.labels(task)
+        open_streams.inc()
         try:
             while (answering := await answers.get()) is not None:
                 result = await answering
@@ -154,8 +173,12 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
                     yield wrap(error=pb2.StreamError(code=result.code, message=result.message))
                 else:
                     yield wrap(response=result)
-            await reader  # re-raises what ended the reading (a malformed message's abort, a broken stream)
+            await asyncio.wait([reader])
+            if reader.cancelled():  # only drain_streams() cancels it while this generator runs
+                await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)
+            reader.result()  # re-raises what ended the reading (a malformed message's abort, a broken stream)
         finally:
+            open_streams.dec()
             reader.cancel()
             while not answers.empty():
                 if (left := answers.get_nowait()) is not None:

@@ -190,31 +190,40 @@ def test_a_stream_needs_the_token_as_a_call_does(tiny_artifact):
             assert [m.WhichOneof("result") for m in answers(client, "Sentiment", [request] * 3)] == ["response"] * 3
 
 
-def test_a_draining_replica_answers_its_streams_until_the_grace_ends_then_ends_them_unavailable(tiny_artifact):
+def test_a_draining_replica_ends_its_streams_at_once_after_answering_what_they_sent(tiny_artifact):
     _, artifact = tiny_artifact
-    running = ServerThread(serve_config(artifact, shutdown_grace=2.0)).__enter__()
-    seen: list[tuple[float, str]] = []
+    running = ServerThread(serve_config(artifact, shutdown_grace=20.0)).__enter__()
+    seen: list[tuple[str, str]] = []
+    sent = 0
 
     def requests():
+        nonlocal sent
         for i in range(10_000):
+            sent += 1
             yield pb2.SentimentRequest(texts=[f"text {i}"])
-            time.sleep(0.05)
+            time.sleep(0.02)
 
     def consume() -> None:
         with BertzooClient(f"127.0.0.1:{running.port}") as client:
             try:
                 for message in client.stream("Sentiment", requests(), timeout=60):
-                    seen.append((time.monotonic(), message.WhichOneof("result")))
+                    seen.append((message.WhichOneof("result"), ""))
             except grpc.RpcError as e:
-                seen.append((time.monotonic(), e.code().name))
+                seen.append((e.code().name, e.details()))
+
+    def open_streams() -> float:
+        return running.metrics.registry.get_sample_value("bertzoo_open_streams", {"task": "sentiment"})
 
     consumer = threading.Thread(target=consume, daemon=True)
     consumer.start()
-    while not seen:
-        time.sleep(0.05)
+    while len(seen) < 3:
+        time.sleep(0.02)
+    assert open_streams() == 1
     stop_began = time.monotonic()
-    running.__exit__(None, None, None)  # SIGTERM's path: drain with the grace, then stop
+    running.__exit__(None, None, None)  # SIGTERM's path: drain, then stop
     consumer.join(30)
-    assert seen[-1][1] == "UNAVAILABLE", seen[-3:]
-    assert {kind for _, kind in seen[:-1]} == {"response"}
-    assert any(t >= stop_began + 1.0 for t, kind in seen if kind == "response")  # still answered during the grace
+    assert time.monotonic() - stop_began < 10  # the stream did not hold the replica for its 20 s grace
+    assert seen[-1][0] == "UNAVAILABLE" and "shutting down" in seen[-1][1], seen[-3:]
+    assert {kind for kind, _ in seen[:-1]} == {"response"}  # every request taken was answered, none cut
+    assert len(seen) - 1 < sent  # the client learns which requests to send again: the ones after the answers
+    assert open_streams() == 0
