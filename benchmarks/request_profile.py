@@ -2,10 +2,10 @@
 running server, beside the wall-clock stages the server itself measures.
 
     python benchmarks/request_profile.py ARTIFACT --data ../shared/data/ids-sst-dev.csv [--variant int8] \
-        [--task embed] [--py-spy PATH]
+        [--task embed] [--stream] [--py-spy PATH]
 
-The server runs with --concurrency closed-loop clients (64) sending one SST dev sentence per request. Over the
-measured window:
+The server runs with --concurrency closed-loop clients (64) sending one SST dev sentence per request, each in a unary
+call or, with --stream, over one call of the task's streaming twin per client. Over the measured window:
 
 - CPU seconds of every thread of the server, from /proc (exact): its Python threads (event loop, tokenizer pool,
   model worker) and its native threads (ONNX Runtime's intra-op pool, gRPC core's own threads);
@@ -94,6 +94,7 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     parser.add_argument("--out", help="also write the results as JSON here")
     parser.add_argument("--instances", type=int, default=1, help="`bertzoo serve --instances`")
+    parser.add_argument("--stream", action="store_true", help="each client's requests over one *Stream call")
     args = parser.parse_args()
     if not args.py_spy:
         parser.error("py-spy not found: pip install py-spy, or pass --py-spy PATH")
@@ -103,7 +104,8 @@ def main() -> None:
                            "--instances", str(args.instances), metrics_port=metrics_port)
     target = f"127.0.0.1:{port}"
     try:
-        asyncio.run(run_load(target, args.task, sentences, concurrency=args.concurrency, duration=3))  # warm-up
+        asyncio.run(run_load(target, args.task, sentences, concurrency=args.concurrency, duration=3,
+                             stream=args.stream))  # warm-up
         py_tids = python_threads(args.py_spy, server.pid)
         profile = Path(f"/tmp/bertzoo-profile-{server.pid}.txt")
         spy = subprocess.Popen([args.py_spy, "record", "--pid", str(server.pid), "--rate", str(args.rate),
@@ -111,7 +113,7 @@ def main() -> None:
                                 "--output", str(profile)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         before, metrics_before, t0 = thread_cpu(server.pid), scrape_metrics(metrics_port), time.perf_counter()
         load = asyncio.run(run_load(target, args.task, sentences, concurrency=args.concurrency,
-                                    duration=args.seconds)).summary()
+                                    duration=args.seconds, stream=args.stream)).summary()
         after, metrics_after, wall = thread_cpu(server.pid), scrape_metrics(metrics_port), time.perf_counter() - t0
         spy.wait(120)
     finally:
@@ -139,7 +141,7 @@ def main() -> None:
                / max(delta.get(f"bertzoo_{name}_seconds_count{{{task}}}", 0.0), 1.0)
                for name in ("queue", "tokenize", "inference", "request")}
     batches = max(delta.get("bertzoo_batch_size_count", 0.0), 1.0)
-    results = {**machine(), "variant": args.variant, "instances": args.instances, "task": args.task,
+    results = {**machine(), "variant": args.variant, "instances": args.instances, "task": args.task, "stream": args.stream,
                "concurrency": args.concurrency,
                "load": load, "server_cpu_s": sum(c for _, c in cpu.values()), "wall_s": wall,
                "cpu_ms_per_request": {s: 1000 * c / requests for s, c in sorted(stages.items(), key=lambda x: -x[1])},
