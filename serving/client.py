@@ -15,6 +15,9 @@ Many small requests cost the server (and the client) far less over one stream th
     for message in client.stream("Sentiment", requests):  # one answer per request, in order
         print(message.error.message if message.WhichOneof("result") == "error" else message.response.results[0].label)
 
+``client.stream_all("Sentiment", list_of_requests)`` does the same and carries on where a stream ends because its
+replica drains or restarts: the unanswered requests go again on a new stream, which the channel sends elsewhere.
+
 Methods return the protobuf responses of protos/bertzoo/v1/bertzoo.proto; errors raise ``grpc.RpcError`` with the
 server's status code and message (``error.code()``, ``error.details()``). Channels get :func:`channel_options`:
 gRPC's own retries with backoff for UNAVAILABLE, RESOURCE_EXHAUSTED and CANCELLED (a restarting replica, a full
@@ -27,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterable, Iterable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import grpc
@@ -50,6 +53,45 @@ RETRY_SERVICE_CONFIG = {"methodConfig": [{
     "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "2s", "backoffMultiplier": 2,
                     "retryableStatusCodes": ["UNAVAILABLE", "RESOURCE_EXHAUSTED", "CANCELLED"]},
 }]}
+
+
+# A stream that ends with one of these lost its replica (draining, restarting, or cut when its shutdown grace ran
+# out): another replica can answer what it left unanswered.
+STREAM_RESUMABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+
+
+class _Resumption:
+    """Where :meth:`BertzooClient.stream_all` is in its requests, and whether a broken stream is worth another."""
+
+    def __init__(self, method: str, requests: Sequence, attempts: int) -> None:
+        self.method, self.requests, self.attempts = method, requests, attempts
+        self.answered = 0
+        self.failures = 0  # streams in a row that answered nothing
+        self.progressed = False
+
+    @property
+    def done(self) -> bool:
+        return self.answered >= len(self.requests)
+
+    def start(self) -> Iterator:
+        """The requests for a new stream: those not answered yet."""
+        self.progressed = False
+        return iter(self.requests[self.answered:])
+
+    def answered_one(self) -> None:
+        self.answered, self.progressed = self.answered + 1, True
+
+    def check_complete(self) -> None:
+        if not self.done:
+            raise RuntimeError(f"{self.method}Stream ended with {self.answered} of {len(self.requests)} requests "
+                               "answered")
+
+    def wait_after(self, error: grpc.RpcError) -> float:
+        """Seconds to wait before the next stream; re-raises ``error`` when there is to be none."""
+        self.failures = 0 if self.progressed else self.failures + 1
+        if error.code() not in STREAM_RESUMABLE or self.failures >= self.attempts:
+            raise error
+        return min(2.0, 0.1 * 2 ** self.failures)
 
 
 def channel_options(retries: bool = True, keepalive_seconds: float = 30.0) -> list[tuple[str, object]]:
@@ -132,6 +174,28 @@ class BertzooClient:
         rpc = getattr(self.stub, f"{method}Stream")
         return rpc(*(() if requests is None else (requests,)), timeout=timeout, metadata=self._metadata)
 
+    def stream_all(self, method: str, requests: Sequence, attempts: int = 4, timeout: float | None = None
+                   ) -> Iterator:
+        """Every request of ``requests`` answered over streams of ``method``, one message per request, in order, as
+        :meth:`stream` yields them. When a stream ends UNAVAILABLE or CANCELLED (its replica drains or restarts), the
+        requests it had not answered go again on a new stream, which the channel gives to another replica where it
+        has one (the server ends a draining replica's streams once it has answered what it read). It waits 0.1 s
+        before a new stream after one that answered some, else 0.2, 0.4, ... s, and gives up, raising the last
+        stream's error, after ``attempts`` streams in a row that answered nothing. ``requests``: a sequence (kept
+        until every one is answered). ``timeout``: seconds for each stream."""
+        resume = _Resumption(method, requests, attempts)
+        while not resume.done:
+            call = self.stream(method, resume.start(), timeout)
+            try:
+                for message in call:
+                    resume.answered_one()
+                    yield message
+                resume.check_complete()
+            except grpc.RpcError as e:
+                time.sleep(resume.wait_after(e))
+            finally:
+                call.cancel()  # a no-op once the stream ended; stops it when the caller stops reading early
+
     def sentiment(self, texts: Sequence[str], timeout: float | None = None) -> pb2.SentimentResponse:
         return self._call(self.stub.Sentiment, pb2.SentimentRequest(texts=texts), timeout)
 
@@ -210,6 +274,22 @@ class AsyncBertzooClient(BertzooClient):
                 last = e.code().name
             await asyncio.sleep(interval)
         raise TimeoutError(f"the server was not SERVING after {timeout} s (last: {last})")
+
+    async def stream_all(self, method: str, requests: Sequence, attempts: int = 4,  # type: ignore[override]
+                         timeout: float | None = None) -> AsyncIterator:
+        """:meth:`BertzooClient.stream_all`, as an async iterator."""
+        resume = _Resumption(method, requests, attempts)
+        while not resume.done:
+            call = self.stream(method, resume.start(), timeout)
+            try:
+                async for message in call:
+                    resume.answered_one()
+                    yield message
+                resume.check_complete()
+            except grpc.RpcError as e:
+                await asyncio.sleep(resume.wait_after(e))
+            finally:
+                call.cancel()
 
     async def close(self) -> None:  # type: ignore[override]
         await self.channel.close()

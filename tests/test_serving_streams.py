@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from bertzoo.datafiles import load_split, samples_dir
-from bertzoo.serving.client import BertzooClient
+from bertzoo.serving.client import AsyncBertzooClient, BertzooClient
 from bertzoo.serving.config import ServeConfig
 from bertzoo.serving.errors import QueueFull
 from bertzoo.serving.grpc_server import ServerThread
@@ -227,3 +227,56 @@ def test_a_draining_replica_ends_its_streams_at_once_after_answering_what_they_s
     assert {kind for kind, _ in seen[:-1]} == {"response"}  # every request taken was answered, none cut
     assert len(seen) - 1 < sent  # the client learns which requests to send again: the ones after the answers
     assert open_streams() == 0
+
+
+def test_stream_all_carries_on_on_another_replica_when_its_replica_drains(tiny_artifact):
+    _, artifact = tiny_artifact
+    texts = [e.text for e in load_split(samples_dir(), "sentiment", "dev")[:10]]
+    requests = [pb2.SentimentRequest(texts=[texts[i % len(texts)]]) for i in range(600)]
+    replicas = [ServerThread(serve_config(artifact)).__enter__() for _ in range(2)]
+    target = "ipv4:" + ",".join(f"127.0.0.1:{r.port}" for r in replicas)
+    got: list = []
+
+    def consume() -> None:
+        with BertzooClient(target) as client:
+            for message in client.stream_all("Sentiment", requests, timeout=60):
+                got.append(message)
+                time.sleep(0.002)  # a slow reader: the stream is still open when its replica drains
+
+    def served(replica: ServerThread) -> float:
+        return replica.metrics.registry.get_sample_value(
+            "bertzoo_requests_total", {"task": "sentiment", "code": "OK"}) or 0.0
+
+    try:
+        consumer = threading.Thread(target=consume, daemon=True)
+        consumer.start()
+        while len(got) < 60:
+            time.sleep(0.01)
+        streaming = [r for r in replicas if r.metrics.registry.get_sample_value(
+            "bertzoo_open_streams", {"task": "sentiment"}) == 1]
+        assert len(streaming) == 1
+        drained, other = streaming[0], next(r for r in replicas if r is not streaming[0])
+        drained.__exit__(None, None, None)
+        consumer.join(60)
+        assert not consumer.is_alive()
+        assert served(drained) < len(requests) and served(other) > 0  # the rest went to the other replica
+        assert len(got) == len(requests) and {m.WhichOneof("result") for m in got} == {"response"}
+        with BertzooClient(f"127.0.0.1:{other.port}") as client:
+            labels = {text: client.sentiment([text]).results[0].label for text in texts}
+        assert [m.response.results[0].label for m in got] == [labels[r.texts[0]] for r in requests]  # in order
+    finally:
+        for replica in replicas:
+            replica.__exit__(None, None, None)
+
+
+def test_the_asyncio_clients_stream_all_answers_every_request_in_order(served):
+    running, _ = served
+    texts = ["a lovely film", "a dull film", "fine"]
+
+    async def scenario() -> list:
+        async with AsyncBertzooClient(f"127.0.0.1:{running.port}") as client:
+            return [m async for m in client.stream_all("Sentiment", [pb2.SentimentRequest(texts=[t]) for t in texts])]
+
+    got = asyncio.run(scenario())
+    with BertzooClient(f"127.0.0.1:{running.port}") as client:
+        assert [m.response.results[0].label for m in got] == [client.sentiment([t]).results[0].label for t in texts]
