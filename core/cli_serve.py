@@ -160,10 +160,17 @@ def _client_options(command):
 @click.option("--service", default="", help="health: the service to check (bertzoo.v1.Bertzoo); '' is the server.")
 @click.option("--wait", type=float, default=0.0,
               help="health: check again until SERVING or this many seconds have passed (0: check once).")
+@click.option("--input", "input_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Answer every input of this file instead of TEXTS, one JSON line each, in order (over streams): "
+                   "a .txt of one text per line or ids-sst-*.csv / GLUE .tsv for sentiment and embed, quora / sts "
+                   ".csv for the pair tasks, SQuAD .json for qa.")
+@click.option("--output", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="With --input: write the JSON lines here (whole, or not at all) instead of to stdout.")
 def client_command(task: str, texts: tuple[str, ...], connection: dict, timeout: float, service: str,
-                   wait: float) -> None:
+                   wait: float, input_file: str | None, output: str | None) -> None:
     """Call a bertzoo server and print the answer as JSON. sentiment / embed: TEXT...; paraphrase / similarity:
-    TEXT_A TEXT_B [TEXT_A TEXT_B ...]; qa: QUESTION CONTEXT; info; health.
+    TEXT_A TEXT_B [TEXT_A TEXT_B ...]; qa: QUESTION CONTEXT; info; health. With --input FILE, every input of the
+    file instead, one JSON line each.
 
     health is a probe for scripts, containers and orchestrators: exit code 0 only when SERVING; 2 when the server
     cannot be reached (or the deadline passed); 3 when the health RPC failed; 4 for any other status (NOT_SERVING while
@@ -184,6 +191,9 @@ def client_command(task: str, texts: tuple[str, ...], connection: dict, timeout:
             click.echo(f"{connection['target']}: {what}", err=True)
         sys.exit(code)
 
+    if input_file is not None or output is not None:
+        _answer_file(task, texts, input_file, output, connection, timeout)
+        return
     pairs = list(zip(texts[::2], texts[1::2], strict=False))
     if task in ("sentiment", "embed") and not texts:
         raise click.UsageError(f"{task} needs at least one TEXT")
@@ -201,6 +211,48 @@ def client_command(task: str, texts: tuple[str, ...], connection: dict, timeout:
             raise click.ClickException(f"{e.code().name}: {e.details()}") from e
     shown = MessageToDict(response, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
     click.echo(json.dumps(shown, indent=2, ensure_ascii=False))
+
+
+def _answer_file(task: str, texts: tuple[str, ...], input_file: str | None, output: str | None, connection: dict,
+                 timeout: float) -> None:
+    """``bertzoo client TASK --input FILE [--output FILE]``: serving/bulk.py, with a progress bar on a terminal."""
+    import os
+
+    import grpc
+    from tqdm import tqdm
+
+    from bertzoo.data import DataError
+    from bertzoo.serving.bulk import answer_inputs
+    from bertzoo.serving.client import BertzooClient
+    from bertzoo.serving.load import TASK_METHODS, load_items
+
+    if task not in TASK_METHODS:
+        raise click.UsageError(f"--input answers a task's inputs: {', '.join(TASK_METHODS)}, not {task}")
+    if input_file is None or texts:
+        raise click.UsageError("--input FILE replaces TEXTS (and --output needs --input)")
+    try:
+        items = load_items(task, input_file)
+    except (DataError, ValueError, OSError) as e:
+        raise click.ClickException(f"{input_file}: {e}") from e
+    partial = None if output is None else Path(f"{output}.partial")
+    sink = sys.stdout if partial is None else open(partial, "w", encoding="utf-8")  # noqa: SIM115
+    complete = False
+    try:
+        with BertzooClient(**connection, timeout=timeout) as client:
+            answers = answer_inputs(client, task, items, timeout=None)  # no deadline for the whole file
+            for answer in tqdm(answers, total=len(items), desc=task, unit="input", file=sys.stderr, disable=None,
+                               leave=False):
+                sink.write(json.dumps(answer, ensure_ascii=False) + "\n")
+        complete = True
+    except grpc.RpcError as e:
+        raise click.ClickException(f"{e.code().name}: {e.details()}") from e
+    finally:
+        if partial is not None:
+            sink.close()
+            if complete:
+                os.replace(partial, output)
+            else:
+                partial.unlink(missing_ok=True)
 
 
 @click.command("bench-serve")

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import grpc
 import numpy as np
@@ -24,17 +25,24 @@ from .client import AsyncBertzooClient, channel_options
 from .proto import pb2
 
 LOAD_TASKS = ("sentiment", "paraphrase", "similarity", "qa", "embed")
+# Each task's RPC (and, with "Stream" appended, its streaming twin).
+TASK_METHODS = {"sentiment": "Sentiment", "paraphrase": "Paraphrase", "similarity": "Similarity", "qa": "QA",
+                "embed": "Embed"}
 
 
 def load_items(task: str, data: str | Path | None = None) -> list:
-    """Inputs for ``task`` from a data file (sentiment / embed: CS224N ``ids-sst-*.csv`` or GLUE ``.tsv``;
-    paraphrase: ``quora-*.csv``; similarity: ``sts-*.csv``; qa: SQuAD ``.json``), by default the bundled dev sample.
-    Texts for sentence tasks, (a, b) for pair tasks, (question, context) for QA."""
+    """Inputs for ``task`` from a data file (sentiment / embed: CS224N ``ids-sst-*.csv``, GLUE ``.tsv`` or a ``.txt``
+    of one text per line, blank lines skipped; paraphrase: ``quora-*.csv``; similarity: ``sts-*.csv``; qa: SQuAD
+    ``.json``), by default the bundled dev sample. Texts for sentence tasks, (a, b) for pair tasks, (question, context)
+    for QA."""
     from bertzoo import data as D
     from bertzoo.datafiles import load_split, samples_dir
 
     if data is None:
         examples = load_split(samples_dir(), "sentiment" if task == "embed" else task, "dev")
+    elif task in ("sentiment", "embed") and Path(data).suffix == ".txt":
+        lines = Path(data).read_text(encoding="utf-8").splitlines()
+        examples = [SimpleNamespace(text=line) for line in lines if line.strip()]
     elif task in ("sentiment", "embed"):
         path = Path(data)
         examples = D.read_glue_sst2(path) if path.suffix == ".tsv" else D.read_cs224n_sentiment(path)
@@ -53,7 +61,8 @@ def load_items(task: str, data: str | Path | None = None) -> list:
     return items
 
 
-def _request(task: str, items: Sequence):
+def request_for(task: str, items: Sequence):
+    """The task's request message for ``items`` (as :func:`load_items` gives them)."""
     if task in ("sentiment", "embed"):
         return (pb2.SentimentRequest if task == "sentiment" else pb2.EmbedRequest)(texts=items)
     if task == "qa":
@@ -102,8 +111,7 @@ async def run_load(connection: str | dict, task: str, items: Sequence, *, concur
         raise ValueError("give a duration or a number of requests")
     if isinstance(connection, str):
         connection = {"target": connection}
-    method = {"sentiment": "Sentiment", "paraphrase": "Paraphrase", "similarity": "Similarity", "qa": "QA",
-              "embed": "Embed"}[task]
+    method = TASK_METHODS[task]
     source = itertools.cycle(items)
     sent = itertools.count()
     report = LoadReport(task, concurrency, items_per_request, stream)
@@ -123,7 +131,7 @@ async def run_load(connection: str | dict, task: str, items: Sequence, *, concur
 
     async def unary_client(channel: AsyncBertzooClient) -> None:
         while more():
-            request = _request(task, [next(source) for _ in range(items_per_request)])
+            request = request_for(task, [next(source) for _ in range(items_per_request)])
             t0 = time.perf_counter()
             try:
                 await channel.call(method, request)
@@ -135,7 +143,7 @@ async def run_load(connection: str | dict, task: str, items: Sequence, *, concur
     async def stream_client(channel: AsyncBertzooClient) -> None:
         call = None
         while more():
-            request = _request(task, [next(source) for _ in range(items_per_request)])
+            request = request_for(task, [next(source) for _ in range(items_per_request)])
             t0 = time.perf_counter()
             try:
                 call = call or channel.stream(method)

@@ -280,6 +280,38 @@ def test_cli_client_and_bench_serve(server, tmp_path):
     assert "throughput" in result.output and "p99" in result.output
 
 
+def test_cli_client_answers_a_file_one_json_line_per_input_in_order(server, tmp_path):
+    running, _ = server
+    target = ["--target", f"127.0.0.1:{running.port}"]
+    texts = tmp_path / "reviews.txt"
+    # a blank line (skipped), and a text over the server's max_text_chars (refused alone)
+    texts.write_text("\n".join(["a lovely film", "", "x", "a dull film", "y" * 20_001]) + "\n")
+    out = tmp_path / "answers.jsonl"
+    result = CliRunner().invoke(main, ["client", "sentiment", "--input", str(texts), "--output", str(out), *target])
+    assert result.exit_code == 0, result.output
+    answers = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [a["index"] for a in answers] == [0, 1, 2, 3]
+    with BertzooClient(f"127.0.0.1:{running.port}") as client:
+        expected = [client.sentiment([t]).results[0].label for t in ("a lovely film", "x", "a dull film")]
+    assert [a["label"] for a in answers[:3]] == expected
+    assert answers[3]["error"]["code"] == "INVALID_ARGUMENT" and "label" not in answers[3]  # failed alone, in place
+    result = CliRunner().invoke(main, ["client", "embed", "--input", str(texts), *target])
+    assert result.exit_code == 0
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(lines) == 4 and len(lines[0]["embedding"]) == client_dimensions(running)
+    result = CliRunner().invoke(main, ["client", "sentiment", "more", "--input", str(texts), *target])
+    assert result.exit_code == 2 and "--input FILE replaces TEXTS" in result.output
+    missing_server = CliRunner().invoke(main, ["client", "sentiment", "--input", str(texts), "--output",
+                                               str(tmp_path / "none.jsonl"), "--target", "127.0.0.1:1", "--timeout", "2"])
+    assert missing_server.exit_code == 1 and not (tmp_path / "none.jsonl").exists()
+    assert not list(tmp_path.glob("*.partial"))
+
+
+def client_dimensions(running) -> int:
+    with BertzooClient(f"127.0.0.1:{running.port}") as client:
+        return client.model_info().embedding_dimensions
+
+
 # ---------------------------------------------------------------- generated and shipped files
 
 
