@@ -258,8 +258,9 @@ def _answer_file(task: str, texts: tuple[str, ...], input_file: str | None, outp
 @click.command("bench-serve")
 @click.option("--task", type=click.Choice(SERVE_TASKS), default="sentiment")
 @click.option("--data", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Inputs: an SST dev file (ids-sst-dev.csv, or GLUE .tsv) for sentiment / embed, quora / sts .csv "
-                   "for the pair tasks, SQuAD .json for qa [default: the bundled dev sample].")
+              help="Inputs: an SST dev file (ids-sst-dev.csv, GLUE .tsv, or a .txt of one text per line) for "
+                   "sentiment / embed, quora / sts .csv for the pair tasks, SQuAD .json for qa [default: the bundled "
+                   "dev sample].")
 @click.option("--concurrency", type=int, default=8, help="Concurrent clients, each with its own connection.")
 @click.option("--duration", type=float, default=10.0, help="Seconds to run (unless --requests).")
 @click.option("--requests", "request_count", type=int, default=None, help="Send this many requests, then stop.")
