@@ -151,18 +151,21 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
         answers: asyncio.Queue[asyncio.Task | None] = asyncio.Queue()
 
         async def read() -> None:
-            try:
-                async for request in requests:
-                    await window.acquire()
-                    answers.put_nowait(asyncio.create_task(self._serve_one(task, context, answer_for(request))))
-            finally:
-                answers.put_nowait(None)  # the end of the requests (or of reading them: read's error follows)
+            async for request in requests:
+                await window.acquire()
+                answers.put_nowait(asyncio.create_task(self._serve_one(task, context, answer_for(request))))
+
+        def reading_ended(reader: asyncio.Task) -> None:
+            # The end of the requests, or of reading them (read's error follows): a callback rather than read's own
+            # `finally`, so it also comes when a drain cancels the reader before it ever ran.
+            self._stream_readers.discard(reader)
+            answers.put_nowait(None)
 
         if self.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)
         reader = asyncio.create_task(read())
         self._stream_readers.add(reader)
-        reader.add_done_callback(self._stream_readers.discard)
+        reader.add_done_callback(reading_ended)
         open_streams = self._metrics.open_streams.labels(task)
         open_streams.inc()
         try:

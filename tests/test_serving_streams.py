@@ -143,6 +143,39 @@ class FakeContext:
         return None
 
 
+class Aborted(Exception):
+    pass
+
+
+class AbortingContext(FakeContext):
+    async def abort(self, code: grpc.StatusCode, message: str) -> None:
+        raise Aborted(code, message)
+
+
+def test_a_drain_ends_a_stream_whose_reader_never_ran(monkeypatch):
+    """A drain that comes between a stream's start and its reader's first step still ends the stream: its reader's
+    end is signalled by a callback, which a task cancelled before it ran also calls."""
+    service = SlowService()
+    servicer = BertzooServicer(lambda: service, ServeConfig("unused"), Metrics(), {})
+
+    async def scenario() -> None:
+        async def requests():
+            await asyncio.Event().wait()  # a client that has sent nothing yet
+            yield pb2.SentimentRequest(texts=["never"])
+
+        stream = servicer.SentimentStream(requests(), AbortingContext())
+        first = asyncio.ensure_future(stream.__anext__())
+        while not servicer._stream_readers:  # the generator ran up to its first await: the reader exists, unstarted
+            await asyncio.sleep(0)
+        assert servicer.drain_streams() == 1
+        with pytest.raises(Aborted) as ended:
+            await asyncio.wait_for(first, 5)
+        assert ended.value.args[0] == grpc.StatusCode.UNAVAILABLE
+
+    asyncio.run(scenario())
+    assert servicer.drain_streams() == 0  # nothing left open
+
+
 def test_a_stream_holds_at_most_its_window_and_answers_in_request_order(monkeypatch):
     """Requests finish in reverse order; their answers still come back in request order, and no more than
     ``stream_window`` of them are in the server at a time."""
