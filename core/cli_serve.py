@@ -162,8 +162,9 @@ def _client_options(command):
               help="health: check again until SERVING or this many seconds have passed (0: check once).")
 @click.option("--input", "input_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Answer every input of this file instead of TEXTS, one JSON line each, in order (over streams): "
-                   "a .txt of one text per line or ids-sst-*.csv / GLUE .tsv for sentiment and embed, quora / sts "
-                   ".csv for the pair tasks, SQuAD .json for qa.")
+                   "JSON lines ({\"text\": ...}; {\"text_a\": ..., \"text_b\": ...}; {\"question\": ..., "
+                   "\"context\": ...}), a .txt of one text per line, ids-sst-*.csv / GLUE .tsv, quora / sts .csv "
+                   "or SQuAD .json.")
 @click.option("--output", type=click.Path(dir_okay=False, writable=True), default=None,
               help="With --input: write the JSON lines here (whole, or not at all) instead of to stdout.")
 def client_command(task: str, texts: tuple[str, ...], connection: dict, timeout: float, service: str,
@@ -233,7 +234,7 @@ def _answer_file(task: str, texts: tuple[str, ...], input_file: str | None, outp
     try:
         items = load_items(task, input_file)
     except (DataError, ValueError, OSError) as e:
-        raise click.ClickException(f"{input_file}: {e}") from e
+        raise click.ClickException(str(e)) from e  # it names the file (and line)
     partial = None if output is None else Path(f"{output}.partial")
     sink = sys.stdout if partial is None else open(partial, "w", encoding="utf-8")  # noqa: SIM115
     complete = False

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -33,11 +34,13 @@ TASK_METHODS = {"sentiment": "Sentiment", "paraphrase": "Paraphrase", "similarit
 def load_items(task: str, data: str | Path | None = None) -> list:
     """Inputs for ``task`` from a data file (sentiment / embed: CS224N ``ids-sst-*.csv``, GLUE ``.tsv`` or a ``.txt``
     of one text per line, blank lines skipped; paraphrase: ``quora-*.csv``; similarity: ``sts-*.csv``; qa: SQuAD
-    ``.json``), by default the bundled dev sample. Texts for sentence tasks, (a, b) for pair tasks, (question, context)
-    for QA."""
+    ``.json``; any task: ``.jsonl``, see :func:`read_jsonl_inputs`), by default the bundled dev sample. Texts for
+    sentence tasks, (a, b) for pair tasks, (question, context) for QA."""
     from bertzoo import data as D
     from bertzoo.datafiles import load_split, samples_dir
 
+    if data is not None and Path(data).suffix == ".jsonl":
+        return read_jsonl_inputs(task, Path(data))
     if data is None:
         examples = load_split(samples_dir(), "sentiment" if task == "embed" else task, "dev")
     elif task in ("sentiment", "embed") and Path(data).suffix == ".txt":
@@ -58,6 +61,32 @@ def load_items(task: str, data: str | Path | None = None) -> list:
         items = [e.text for e in examples]
     if not items:
         raise ValueError(f"no {task} examples in {data or 'the bundled samples'}")
+    return items
+
+
+# The fields of a .jsonl input line, per task.
+JSONL_FIELDS = {"sentiment": ("text",), "embed": ("text",), "paraphrase": ("text_a", "text_b"),
+                "similarity": ("text_a", "text_b"), "qa": ("question", "context")}
+
+
+def read_jsonl_inputs(task: str, path: Path) -> list:
+    """Inputs from JSON lines: ``{"text": ...}`` for sentiment and embed, ``{"text_a": ..., "text_b": ...}`` for the
+    pair tasks, ``{"question": ..., "context": ...}`` for qa (other fields are ignored; blank lines skipped)."""
+    from bertzoo.data import DataError
+
+    fields, items = JSONL_FIELDS[task], []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{number}: not JSON ({e.msg})") from e
+        if not isinstance(record, dict) or not all(isinstance(record.get(f), str) for f in fields):
+            raise DataError(f"{path}:{number}: a {task} input is an object with the text fields {', '.join(fields)}")
+        items.append(record[fields[0]] if len(fields) == 1 else tuple(record[f] for f in fields))
+    if not items:
+        raise DataError(f"{path}: no inputs")
     return items
 
 

@@ -299,6 +299,18 @@ def test_cli_client_answers_a_file_one_json_line_per_input_in_order(server, tmp_
     assert result.exit_code == 0
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert len(lines) == 4 and len(lines[0]["embedding"]) == client_dimensions(running)
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"text_a": "a cat sat", "text_b": "a cat was sitting", "id": 7}\n\n{"text_a": "x", "text_b": "y"}\n')
+    result = CliRunner().invoke(main, ["client", "similarity", "--input", str(pairs), *target])
+    assert result.exit_code == 0, result.output
+    scores = [json.loads(line)["score"] for line in result.stdout.splitlines()]
+    with BertzooClient(f"127.0.0.1:{running.port}") as client:
+        assert scores == pytest.approx([r.score for r in client.similarity([("a cat sat", "a cat was sitting"),
+                                                                            ("x", "y")]).results], abs=1e-5)
+    pairs.write_text('{"text_a": "a cat sat"}\n')
+    result = CliRunner().invoke(main, ["client", "similarity", "--input", str(pairs), *target])
+    assert result.exit_code == 1 and f"{pairs}:1: a similarity input is an object with the text fields text_a, text_b" \
+        in result.output
     result = CliRunner().invoke(main, ["client", "sentiment", "more", "--input", str(texts), *target])
     assert result.exit_code == 2 and "--input FILE replaces TEXTS" in result.output
     missing_server = CliRunner().invoke(main, ["client", "sentiment", "--input", str(texts), "--output",
