@@ -11,6 +11,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TextIO
 
 
 def _umask() -> int:
@@ -20,15 +21,27 @@ def _umask() -> int:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` in one step (a temporary file, fsynced, then renamed over it), with the
-    permissions a plain write would get under the umask (``mkstemp`` makes files owner-only)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
+    """Replace ``path`` with ``text`` in one step (see :func:`atomic_open`)."""
+    with atomic_open(path) as f:
         f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.chmod(tmp, 0o666 & ~_umask())
-    os.replace(tmp, path)
+
+
+@contextmanager
+def atomic_open(path: Path) -> Iterator[TextIO]:
+    """A text file to write ``path`` through, for output written as it comes: a temporary file beside it, fsynced
+    and renamed over ``path`` when the block ends normally, removed when it raises (``path`` is then untouched).
+    It gets the permissions a plain write would get under the umask (``mkstemp`` makes files owner-only)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 @contextmanager

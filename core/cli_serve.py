@@ -216,12 +216,14 @@ def client_command(task: str, texts: tuple[str, ...], connection: dict, timeout:
 
 def _answer_file(task: str, texts: tuple[str, ...], input_file: str | None, output: str | None, connection: dict,
                  timeout: float) -> None:
-    """``bertzoo client TASK --input FILE [--output FILE]``: serving/bulk.py, with a progress bar on a terminal."""
-    import os
+    """``bertzoo client TASK --input FILE [--output FILE]``: serving/bulk.py, with a progress bar on a terminal; the
+    output file is written whole or not at all."""
+    from contextlib import nullcontext
 
     import grpc
     from tqdm import tqdm
 
+    from bertzoo.atomic import atomic_open
     from bertzoo.data import DataError
     from bertzoo.serving.bulk import answer_inputs
     from bertzoo.serving.client import BertzooClient
@@ -235,25 +237,17 @@ def _answer_file(task: str, texts: tuple[str, ...], input_file: str | None, outp
         items = load_items(task, input_file)
     except (DataError, ValueError, OSError) as e:
         raise click.ClickException(str(e)) from e  # it names the file (and line)
-    partial = None if output is None else Path(f"{output}.partial")
-    sink = sys.stdout if partial is None else open(partial, "w", encoding="utf-8")  # noqa: SIM115
-    complete = False
     try:
-        with BertzooClient(**connection, timeout=timeout) as client:
+        with BertzooClient(**connection, timeout=timeout) as client, \
+                (nullcontext(sys.stdout) if output is None else atomic_open(Path(output))) as sink:
             answers = answer_inputs(client, task, items, timeout=None)  # no deadline for the whole file
             for answer in tqdm(answers, total=len(items), desc=task, unit="input", file=sys.stderr, disable=None,
                                leave=False):
                 sink.write(json.dumps(answer, ensure_ascii=False) + "\n")
-        complete = True
     except grpc.RpcError as e:
         raise click.ClickException(f"{e.code().name}: {e.details()}") from e
-    finally:
-        if partial is not None:
-            sink.close()
-            if complete:
-                os.replace(partial, output)
-            else:
-                partial.unlink(missing_ok=True)
+    except OSError as e:  # the output's folder is missing or not writable
+        raise click.ClickException(f"--output {output}: {e.strerror or e}") from e
 
 
 @click.command("bench-serve")

@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from bertzoo.atomic import atomic_directory, atomic_write_text
+from bertzoo.atomic import atomic_directory, atomic_open, atomic_write_text
 
 
 def test_a_directory_replaces_the_old_one_whole(tmp_path) -> None:
@@ -58,3 +58,17 @@ def test_text_is_replaced_in_one_step(tmp_path) -> None:
     path.write_text("checkpoint-000001")
     atomic_write_text(path, "checkpoint-000002")
     assert path.read_text() == "checkpoint-000002" and [p.name for p in tmp_path.iterdir()] == ["LATEST"]
+
+
+def test_a_file_written_as_it_comes_appears_whole_or_not_at_all(tmp_path) -> None:
+    target = tmp_path / "answers.jsonl"
+    target.write_text("old\n")
+    with pytest.raises(RuntimeError, match="stream broke"), atomic_open(target) as f:
+        f.write("line 1\n")
+        raise RuntimeError("stream broke")
+    assert target.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["answers.jsonl"]
+    with atomic_open(target) as f:
+        f.write("line 1\n")
+        assert target.read_text() == "old\n"  # not yet
+        f.write("line 2\n")
+    assert target.read_text() == "line 1\nline 2\n" and [p.name for p in tmp_path.iterdir()] == ["answers.jsonl"]
