@@ -25,8 +25,7 @@ from tqdm import tqdm
 from .client import AsyncBertzooClient, channel_options
 from .proto import pb2
 
-LOAD_TASKS = ("sentiment", "paraphrase", "similarity", "qa", "embed")
-# Each task's RPC (and, with "Stream" appended, its streaming twin).
+# Each task the load generator and the bulk client drive, and its RPC (with "Stream" appended, its streaming twin).
 TASK_METHODS = {"sentiment": "Sentiment", "paraphrase": "Paraphrase", "similarity": "Similarity", "qa": "QA",
                 "embed": "Embed"}
 
@@ -134,8 +133,8 @@ async def run_load(connection: str | dict, task: str, items: Sequence, *, concur
     has its own connection, without retries (a refusal is what the benchmark counts). ``progress``: a bar of answered
     requests (on a terminal). ``stream``: each client sends its requests over one call of the RPC's streaming twin
     (``SentimentStream``, ...), still one at a time, so both modes measure at the same requests in flight."""
-    if task not in LOAD_TASKS:
-        raise ValueError(f"task must be one of {LOAD_TASKS}, got {task!r}")
+    if task not in TASK_METHODS:
+        raise ValueError(f"task must be one of {tuple(TASK_METHODS)}, got {task!r}")
     if duration is None and requests is None:
         raise ValueError("give a duration or a number of requests")
     if isinstance(connection, str):

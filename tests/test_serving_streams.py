@@ -258,7 +258,9 @@ def test_a_draining_replica_ends_its_streams_at_once_after_answering_what_they_s
     assert time.monotonic() - stop_began < 10  # the stream did not hold the replica for its 20 s grace
     assert seen[-1][0] == "UNAVAILABLE" and "shutting down" in seen[-1][1], seen[-3:]
     assert {kind for kind, _ in seen[:-1]} == {"response"}  # every request taken was answered, none cut
-    assert len(seen) - 1 < sent  # the client learns which requests to send again: the ones after the answers
+    # It ended long before the client ran out of requests; which of them to send again is the ones after the answers
+    # (none, when the drain came between two sends).
+    assert len(seen) - 1 <= sent < 10_000
     assert open_streams() == 0
 
 
