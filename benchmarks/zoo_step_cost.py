@@ -25,16 +25,14 @@ from pathlib import Path
 
 from timing import machine
 
-# The one next to this Python (a virtual environment), else the one on the PATH (a pip --target install).
-BERTZOO = str(Path(sys.executable).with_name("bertzoo")) if Path(sys.executable).with_name("bertzoo").exists() \
-    else shutil.which("bertzoo") or "bertzoo"
 ARMS = {"baseline": ("--preset", "baseline"), "ssaf": ("--preset", "ssaf"), "ag": ("--preset", "ag"),
         "ssa": ("--preset", "ssa"), "bf16": ("--preset", "baseline", "--precision", "bf16")}
 
 
 def run(arm: str, out: Path, args) -> list[float]:
     """The per-window median step times (ms) of one training run."""
-    command = [BERTZOO, "train", *ARMS[arm], "--tasks", args.task,
+    bertzoo = shutil.which("bertzoo") or str(Path(sys.executable).with_name("bertzoo"))
+    command = [bertzoo, "train", *ARMS[arm], "--tasks", args.task,
                "--data", args.data, "--out", str(out), "--max-steps", str(args.steps), "--log-every", "10",
                "--batch-size", str(args.batch_size), "--no-eval", "--no-progress", "--seed", "0"]
     if arm == "ssa":
