@@ -65,6 +65,26 @@ def bootstrap_gap(gaps: np.ndarray, groups: list[str], rounds: int = 2000, seed:
             "articles_95": [float(np.percentile(by_article, q)) for q in (2.5, 97.5)]}
 
 
+def answerability(examples, margins: dict[str, float], forced: dict[str, float]) -> dict:
+    """The two halves of the SQuAD 2.0 score, apart: the reader (answerable questions, always answered) and the
+    abstainer (how well the null margin ranks unanswerable above answerable questions: ROC AUC, 0.5 for chance),
+    and the F1 the reader would reach with a perfect abstainer."""
+    unanswerable = np.array([margins[e.id] for e in examples if e.is_impossible])
+    answerable = np.array([margins[e.id] for e in examples if not e.is_impossible])
+    # Mann-Whitney: the share of (unanswerable, answerable) pairs whose margins are in the right order, ties half.
+    ranks = np.concatenate([unanswerable, answerable]).argsort().argsort() + 1.0
+    values = np.concatenate([unanswerable, answerable])
+    for value in np.unique(values):  # average ranks over ties
+        tied = values == value
+        ranks[tied] = ranks[tied].mean()
+    n1, n2 = len(unanswerable), len(answerable)
+    auc = (ranks[:n1].sum() - n1 * (n1 + 1) / 2) / (n1 * n2) if n1 and n2 else float("nan")
+    reader_f1 = forced["HasAns_f1"]
+    return {"reader_HasAns_f1_always_answering": reader_f1, "reader_HasAns_exact_always_answering": forced["HasAns_exact"],
+            "null_margin_roc_auc": float(auc),
+            "f1_with_a_perfect_abstainer": (n2 * reader_f1 + n1 * 100.0) / (n1 + n2)}
+
+
 def held_out_spread(model, train_config: TrainConfig, data: str, tokenizer: Tokenizer, dev_examples,
                     dev_predictions: dict[str, SpanPrediction], rounds: int, seed: int = 0) -> dict:
     """The threshold refitted on ``rounds`` bootstrap resamples of the held-out training questions, and the dev F1 at
@@ -145,6 +165,8 @@ def main() -> None:
         "f1_always_no_answer": squad_metrics({e.id: "" for e in examples}, examples)["f1"],
         "best_f1_fitted_on_itself": best_null_threshold(spans, margins, examples),
     }
+    report["answerability"] = answerability(examples, margins, squad_metrics(answers_at(float("inf"), by_id, by_id),
+                                                                             examples))
     if args.held_out_spread:
         report["held_out_spread"] = held_out_spread(model, train_config, args.data, tokenizer, examples, by_id,
                                                     args.held_out_spread)
