@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -147,6 +148,23 @@ def test_cli_resume_keeps_saved_config_but_takes_explicit_options(tmp_path):
     assert config["max_steps"] == 4 and config["tasks"] == ["sentiment"] and config["random_init"] is True
     assert (out / "LATEST").read_text() == "checkpoint-000004"
     assert load_file(str(out / "checkpoint-000004" / "model.safetensors"))
+
+
+def test_next_steps_suggest_a_predict_on_a_trained_task_that_runs(tmp_path):
+    """A QA-only run must not suggest predicting sentiment with a head it never trained; the hint runs as printed."""
+    runner = CliRunner()
+    out = tmp_path / "qa"
+    encoder = [f"--encoder={k}={v}" for k, v in TINY_ENCODER.items()]
+    trained = runner.invoke(main, ["train", "--out", str(out), "--no-progress", "--no-eval", "--random-init", *encoder,
+                                   "--tasks", "qa", "--limit-per-task", "8", "--batch-size", "4", "--max-steps", "1"])
+    assert trained.exit_code == 0, trained.output
+    hint = next(line.strip() for line in trained.output.splitlines() if line.strip().startswith("bertzoo predict"))
+    words = shlex.split(hint)
+    assert words[words.index("--task") + 1] == "qa"
+    answered = runner.invoke(main, words[1:])
+    assert answered.exit_code == 0, answered.output
+    answer = answered.stdout.strip()  # a random encoder's span of the context, or no answer
+    assert answer == "no answer" or "(characters " in answer, answer
 
 
 def test_missing_data_file_fails_naming_it(tiny_train_config, tmp_path):
