@@ -65,10 +65,13 @@ def bootstrap_gap(gaps: np.ndarray, groups: list[str], rounds: int = 2000, seed:
             "articles_95": [float(np.percentile(by_article, q)) for q in (2.5, 97.5)]}
 
 
-def answerability(examples, margins: dict[str, float], forced: dict[str, float]) -> dict:
+def answerability(examples, margins: dict[str, float], forced: dict[str, float], answered_f1: np.ndarray,
+                   has_answer_floor: float = 50.0) -> dict:
     """The two halves of the SQuAD 2.0 score, apart: the reader (answerable questions, always answered) and the
     abstainer (how well the null margin ranks unanswerable above answerable questions: ROC AUC, 0.5 for chance),
-    and the F1 the reader would reach with a perfect abstainer."""
+    the F1 the reader would reach with a perfect abstainer, and the best F1 of any threshold that keeps HasAns F1 at
+    ``has_answer_floor`` or more (fitted on these questions, so optimistic). ``answered_f1``: each question's F1
+    when answered with its forced span."""
     unanswerable = np.array([margins[e.id] for e in examples if e.is_impossible])
     answerable = np.array([margins[e.id] for e in examples if not e.is_impossible])
     # Mann-Whitney: the share of (unanswerable, answerable) pairs whose margins are in the right order, ties half.
@@ -80,9 +83,22 @@ def answerability(examples, margins: dict[str, float], forced: dict[str, float])
     n1, n2 = len(unanswerable), len(answerable)
     auc = (ranks[:n1].sum() - n1 * (n1 + 1) / 2) / (n1 * n2) if n1 and n2 else float("nan")
     reader_f1 = forced["HasAns_f1"]
+    # Every threshold at once: answer the questions whose margin is at most it (the rule of with_null_threshold).
+    impossible = np.array([e.is_impossible for e in examples])
+    order = np.argsort([margins[e.id] for e in examples], kind="stable")
+    abstained = impossible * 100.0  # a question's F1 when abstaining
+    f1 = (abstained.sum() + np.concatenate([[0.0], np.cumsum((answered_f1 - abstained)[order])])) / len(examples)
+    has_answer = np.concatenate([[0.0], np.cumsum(np.where(impossible, 0.0, answered_f1)[order])]) / max(n2, 1)
+    sorted_margins = np.array([margins[e.id] for e in examples])[order]
+    # A threshold answers all questions of one margin or none: cuts between two equal margins are no threshold's.
+    reachable = np.concatenate([[True], sorted_margins[:-1] < sorted_margins[1:], [True]])
+    allowed = np.flatnonzero((has_answer >= has_answer_floor) & reachable)
+    best = int(allowed[np.argmax(f1[allowed])]) if len(allowed) else None
     return {"reader_HasAns_f1_always_answering": reader_f1, "reader_HasAns_exact_always_answering": forced["HasAns_exact"],
             "null_margin_roc_auc": float(auc),
-            "f1_with_a_perfect_abstainer": (n2 * reader_f1 + n1 * 100.0) / (n1 + n2)}
+            "f1_with_a_perfect_abstainer": (n2 * reader_f1 + n1 * 100.0) / (n1 + n2),
+            f"best_f1_with_HasAns_f1_at_least_{has_answer_floor:g}": None if best is None else {
+                "f1": float(f1[best]), "HasAns_f1": float(has_answer[best]), "answered": best}}
 
 
 def held_out_spread(model, train_config: TrainConfig, data: str, tokenizer: Tokenizer, dev_examples,
@@ -165,8 +181,9 @@ def main() -> None:
         "f1_always_no_answer": squad_metrics({e.id: "" for e in examples}, examples)["f1"],
         "best_f1_fitted_on_itself": best_null_threshold(spans, margins, examples),
     }
-    report["answerability"] = answerability(examples, margins, squad_metrics(answers_at(float("inf"), by_id, by_id),
-                                                                             examples))
+    forced = answers_at(float("inf"), by_id, by_id)
+    report["answerability"] = answerability(examples, margins, squad_metrics(forced, examples),
+                                            per_question_f1(forced, examples))
     if args.held_out_spread:
         report["held_out_spread"] = held_out_spread(model, train_config, args.data, tokenizer, examples, by_id,
                                                     args.held_out_spread)
