@@ -72,26 +72,22 @@ def answerability(examples, margins: dict[str, float], forced: dict[str, float],
     the F1 the reader would reach with a perfect abstainer, and the best F1 of any threshold that keeps HasAns F1 at
     ``has_answer_floor`` or more (fitted on these questions, so optimistic). ``answered_f1``: each question's F1
     when answered with its forced span."""
-    unanswerable = np.array([margins[e.id] for e in examples if e.is_impossible])
-    answerable = np.array([margins[e.id] for e in examples if not e.is_impossible])
-    # Mann-Whitney: the share of (unanswerable, answerable) pairs whose margins are in the right order, ties half.
-    ranks = np.concatenate([unanswerable, answerable]).argsort().argsort() + 1.0
-    values = np.concatenate([unanswerable, answerable])
-    for value in np.unique(values):  # average ranks over ties
-        tied = values == value
-        ranks[tied] = ranks[tied].mean()
+    impossible = np.array([e.is_impossible for e in examples])
+    margin = np.array([margins[e.id] for e in examples])
+    unanswerable, answerable = margin[impossible], np.sort(margin[~impossible])
     n1, n2 = len(unanswerable), len(answerable)
-    auc = (ranks[:n1].sum() - n1 * (n1 + 1) / 2) / (n1 * n2) if n1 and n2 else float("nan")
+    # Mann-Whitney: the share of (unanswerable, answerable) pairs whose margins are in the right order, ties half.
+    below = np.searchsorted(answerable, unanswerable, "left")
+    tied = np.searchsorted(answerable, unanswerable, "right") - below
+    auc = (below + tied / 2).sum() / (n1 * n2) if n1 and n2 else float("nan")
     reader_f1 = forced["HasAns_f1"]
     # Every threshold at once: answer the questions whose margin is at most it (the rule of with_null_threshold).
-    impossible = np.array([e.is_impossible for e in examples])
-    order = np.argsort([margins[e.id] for e in examples], kind="stable")
+    order = np.argsort(margin, kind="stable")
     abstained = impossible * 100.0  # a question's F1 when abstaining
     f1 = (abstained.sum() + np.concatenate([[0.0], np.cumsum((answered_f1 - abstained)[order])])) / len(examples)
     has_answer = np.concatenate([[0.0], np.cumsum(np.where(impossible, 0.0, answered_f1)[order])]) / max(n2, 1)
-    sorted_margins = np.array([margins[e.id] for e in examples])[order]
     # A threshold answers all questions of one margin or none: cuts between two equal margins are no threshold's.
-    reachable = np.concatenate([[True], sorted_margins[:-1] < sorted_margins[1:], [True]])
+    reachable = np.concatenate([[True], margin[order][:-1] < margin[order][1:], [True]])
     allowed = np.flatnonzero((has_answer >= has_answer_floor) & reachable)
     best = int(allowed[np.argmax(f1[allowed])]) if len(allowed) else None
     return {"reader_HasAns_f1_always_answering": reader_f1, "reader_HasAns_exact_always_answering": forced["HasAns_exact"],
