@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -10,6 +12,16 @@ from pathlib import Path
 import pytest
 
 from bertzoo.datafiles import samples_dir
+
+
+def load_benchmark(name: str):
+    """A script of benchmarks/ (not a package) as a module, registered in sys.modules (dataclasses look it up)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
 
 TINY_ENCODER = {
     "hidden_size": 32,

@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "zoo_claims.py"
+from conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def zoo_claims():
-    spec = importlib.util.spec_from_file_location("zoo_claims", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("zoo_claims")
 
 
 def test_mean_and_welch_intervals_match_the_textbook(zoo_claims):
