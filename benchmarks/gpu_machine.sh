@@ -110,7 +110,8 @@ collect_recipes() {  # wait up to $1 s for every recipe run, then copy what ther
   (cd $S/recipes && tar czf "$OUT/recipes.tgz" ./*.json ./*.log ./*/train_log.jsonl ./*/config.json 2>/dev/null)
   ls $S/recipes/*.done 2>/dev/null | wc -l
 }
-launch_claim() {  # claim, seeds, [arms], [nice]: each (arm, seed) its own process, one host thread, cores 0-13
+launch_claim() {  # claim, seeds, [arms], [nice]: each (arm, seed) its own process, one host thread, on the cores
+  # CLAIM_CORES names (0-13 unless set: cores 14-15 are the `amx` step's)
   local claim=$1 seeds=$2 arms=${3:-} nice=${4:-} n=0 priority
   [ -n "$arms" ] || arms=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import zoo_claims
 print(*zoo_claims.CLAIMS['$claim'].arms)")
@@ -119,7 +120,7 @@ print(*zoo_claims.CLAIMS['$claim'].arms)")
   for seed in ${seeds//,/ }; do for arm in $arms; do
     priority=0; [ $n -ge $((3 * $(wc -w <<< "$arms"))) ] && priority=15; priority=${nice:-$priority}; n=$((n + 1))
     echo "$claim-$arm-$seed" >> $S/claims/runs
-    OMP_NUM_THREADS=1 PATH=/tmp/site/bin:$PATH setsid nohup nice -n $priority taskset -c 0-13 bash -c \
+    OMP_NUM_THREADS=1 PATH=/tmp/site/bin:$PATH setsid nohup nice -n $priority taskset -c ${CLAIM_CORES:-0-13} bash -c \
       "python3 benchmarks/zoo_claims.py --data $S/data --out $S/claims --results $S/claims/results --claims $claim \
        --seeds $seed --arms $arm > $S/claims/$claim-$arm-$seed.log 2>&1; touch $S/claims/$claim-$arm-$seed.done" \
       > /dev/null 2>&1 < /dev/null &
