@@ -18,7 +18,7 @@
 #   wait              until training and `bertzoo eval` are done; copies the metrics to $OUT
 #   check             benchmarks/gpu_check.py on the trained run; its JSON and log to $OUT
 #   zoo               every zoo preset x 3 seeds at the full budget, in parallel; logs and dev metrics to $OUT
-#   recipes [S]       (after setup2 in the same call; RECIPE_ROUND=2 for the second round) RECIPES below, all at
+#   recipes [S]       (after setup2 in the same call; RECIPE_ROUND=2 or 3 for the later rounds) RECIPES below, all at
 #                     once, waiting at most S seconds; then
 #   collect [S]       waits at most S seconds more; each copies every finished run's dev metrics to $OUT
 #   claims C SEEDS [S]  (after setup2 in the same call) every (arm, seed) of benchmarks/zoo_claims.py's claim C at
@@ -65,8 +65,22 @@ RECIPES2=(
   # asks for 3 held-out articles but gets 1 (only 2 training articles have unanswerable questions): seed 0 again
   "calib3|--seed 0 --set qa_calibration_articles=3|$SIM2"
 )
+# The third, for SST-5 (51.7 +- 1.6 over 4 seeds against a goal of 53): the one lever that raised SST-5 without
+# costing STS-B in round 2 (a higher rate at the top, decayed towards the bottom), over seeds, and a steeper version
+# of it; a fifth seed of the recipe.
+RECIPES3=(
+  "decay0.85-top2e-4-s1|--seed 1 --set lr=2e-4 --lr-layer-decay 0.85|$SIM2"
+  "decay0.85-top2e-4-s2|--seed 2 --set lr=2e-4 --lr-layer-decay 0.85|$SIM2"
+  "decay0.85-top2e-4-s3|--seed 3 --set lr=2e-4 --lr-layer-decay 0.85|$SIM2"
+  "decay0.8-top3e-4-s0|--seed 0 --set lr=3e-4 --lr-layer-decay 0.8|$SIM2"
+  "decay0.8-top3e-4-s1|--seed 1 --set lr=3e-4 --lr-layer-decay 0.8|$SIM2"
+  "decay0.8-top3e-4-s2|--seed 2 --set lr=3e-4 --lr-layer-decay 0.8|$SIM2"
+  "decay0.8-top3e-4-s3|--seed 3 --set lr=3e-4 --lr-layer-decay 0.8|$SIM2"
+  "base-s4|--seed 4|$SIM2"
+)
 RECIPES=("${RECIPES1[@]}")
 if [ "${RECIPE_ROUND:-1}" = 2 ]; then RECIPES=("${RECIPES2[@]}"); fi
+if [ "${RECIPE_ROUND:-1}" = 3 ]; then RECIPES=("${RECIPES3[@]}"); fi
 
 prepare() {  # on the development machine, from the repository root, with .venv set up as in the README
   local data=${1:-../shared/data} model
