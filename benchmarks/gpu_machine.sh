@@ -145,6 +145,7 @@ wait_claims() {  # wait up to $1 s for every launched run; the tables, results a
   n=$(wc -l < $S/claims/runs)
   while [ $SECONDS -lt $end ] && [ "$(ls $S/claims/*.done 2>/dev/null | wc -l)" -lt "$n" ]; do sleep 5; done
   echo "$(ls $S/claims/*.done 2>/dev/null | wc -l) of $n runs done after $SECONDS s"
+  echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(nproc) cores"  # for the record of the runs
   for claim in $(sort -u $S/claims/launched); do
     python3 benchmarks/zoo_claims.py --data $S/data --out $S/claims --results $S/claims/results --claims "$claim" --report
   done
