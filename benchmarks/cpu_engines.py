@@ -33,6 +33,7 @@ from timing import machine
 from bertzoo.artifact import load_manifest
 from bertzoo.cpu import native_bf16
 from bertzoo.serving.backends import create_backend
+from bertzoo.serving.backends.base import encoder_feed
 from bertzoo.serving.load import load_items
 from bertzoo.tokenization import Tokenizer, pad_batch
 
@@ -48,11 +49,11 @@ class NncfInt8Encoder:
 
         texts = load_items("sentiment", calibration)[:300]
         encodings = tokenizer.encode_sentences(texts, max_length)
-        dataset = [{k: np.ascontiguousarray(v, dtype=np.int64) for k, v in
-                    pad_batch(encodings[i:i + 8], tokenizer.pad_id, pad_to_multiple_of=8).items()}
-                   for i in range(0, len(encodings), 8)]
         core = ov.Core()
         model = core.read_model(str(Path(artifact) / "encoder.onnx"))
+        self._inputs = [name for port in model.inputs for name in port.get_names()]
+        dataset = [encoder_feed(pad_batch(encodings[i:i + 8], tokenizer.pad_id, pad_to_multiple_of=8), self._inputs)
+                   for i in range(0, len(encodings), 8)]
         started = time.perf_counter()
         quantized = nncf.quantize(model, nncf.Dataset(dataset), model_type=nncf.ModelType.TRANSFORMER,
                                   subset_size=len(dataset))
@@ -62,7 +63,7 @@ class NncfInt8Encoder:
         self._request = compiled.create_infer_request()
 
     def encode(self, batch: dict) -> np.ndarray:
-        self._request.infer({k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")})
+        self._request.infer(encoder_feed(batch, self._inputs))
         return np.array(self._request.get_output_tensor(0).data)
 
 

@@ -31,6 +31,7 @@ from bertzoo.export.exporter import ExportOptions, export_checkpoint
 from bertzoo.export.onnx_graphs import export_graphs
 from bertzoo.export.sparsegen_onnx import with_ort_formulation
 from bertzoo.serving.backends import session_options
+from bertzoo.serving.backends.base import encoder_feed
 from bertzoo.trainer.checkpoint import load_model
 from bertzoo.trainer.heads import ModelConfig, MultitaskModel
 from bertzoo.trainer.model import EncoderConfig
@@ -73,7 +74,8 @@ def grid(model: MultitaskModel, artifact: Path, threads: int) -> None:
                              n)
         cells = []
         for s in sessions.values():
-            ms = median_ms(lambda s=s, feed=feed: s.run(None, feed), n)
+            inputs = encoder_feed(feed, [i.name for i in s.get_inputs()])  # packed where the graph is
+            ms = median_ms(lambda s=s, inputs=inputs: s.run(None, inputs), n)
             cells.append(f"{ms:.2f} ({ms / base:.2f}x)")
         print(f"| b{b}/s{t} | {base:.2f} | {' | '.join(cells)} |")
 
@@ -95,7 +97,7 @@ def ssaf_against_softmax(model: MultitaskModel, work: Path, threads: int, lam: f
         candidates["ssaf, native kernel"] = session(generic, threads, library)
     else:
         print(f"native kernel unavailable: {ort_kernel.unavailable_reason()}")
-    feed = batch(8, 128)
+    feed = encoder_feed(batch(8, 128), [i.name for i in softmax.graph.input])
     for s in candidates.values():  # warm-up
         s.run(None, feed)
     # Interleaved rounds: each round runs every candidate once, so drift in machine speed hits all of them alike.

@@ -244,6 +244,7 @@ def ort_placement(artifact: Path) -> dict:
 
     from bertzoo.export import ort_kernel
     from bertzoo.serving.backends import ort_providers, provider_names, session_options
+    from bertzoo.serving.backends.base import encoder_feed
 
     manifest = json.loads((artifact / "manifest.json").read_text())
     providers = ort_providers("cuda")
@@ -255,7 +256,7 @@ def ort_placement(artifact: Path) -> dict:
         model = onnx.load(str(artifact / manifest["graphs"]["encoder"]["files"]["fp32"]))
         models, _ = ort_kernel.prepare({"encoder": model}, options, provider_names(providers), choice)
         session = ort.InferenceSession(models["encoder"].SerializeToString(), options, providers=providers)
-        session.run(None, sample(8, 128))
+        session.run(None, encoder_feed(sample(8, 128), [i.name for i in session.get_inputs()]))
         events = json.loads(Path(session.end_profiling()).read_text())
         counts: dict[str, dict[str, int]] = {}
         for event in events:

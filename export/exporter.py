@@ -119,6 +119,15 @@ def _export_into(work: Path, out: Path, model, train_config: TrainConfig, tokeni
         src = "encoder.opt.onnx" if options.optimize else "encoder.onnx"
         reports["int8"] = ort_tools.quantize_int8(work / src, work / "encoder.int8.onnx", options.per_channel)
         graphs["encoder"]["files"]["int8"] = "encoder.int8.onnx"
+    if options.trt or options.triton:
+        # TensorRT's profiles and Triton's batcher work on a leading batch axis: they get the encoder on the padded
+        # grid. Listed as variants of their own, so the parity gates below measure them like the rest.
+        padded = onnx_graphs.export_padded_encoder(model, work).file
+        graphs["encoder"]["files"]["padded_fp32"] = padded
+        if options.int8 and options.triton:
+            reports["padded_int8"] = ort_tools.quantize_int8(work / padded, work / "encoder.padded.int8.onnx",
+                                                             options.per_channel)
+            graphs["encoder"]["files"]["padded_int8"] = "encoder.padded.int8.onnx"
 
     splits = _parity_splits(train_config, options)
     draft = {"graphs": graphs}
@@ -126,8 +135,9 @@ def _export_into(work: Path, out: Path, model, train_config: TrainConfig, tokeni
     for variant in graphs["encoder"]["files"]:
         backend = create_backend("onnxruntime", work, variant=variant, manifest=draft)
         try:
-            parity_reports[variant] = parity.check(model, backend, variant, splits, tokenizer, train_config.limits,
-                                                    options.progress)
+            precision = variant.removeprefix("padded_")  # the padded graphs face their own precision's bounds
+            parity_reports[variant] = parity.check(model, backend, precision, splits, tokenizer,
+                                                    train_config.limits, options.progress)
         except parity.ParityError as e:
             failed = out.with_name(f"{out.name}.parity-failed.json")
             write_json_atomic(failed, {**parity_reports, variant: e.report})
@@ -141,7 +151,8 @@ def _export_into(work: Path, out: Path, model, train_config: TrainConfig, tokeni
         trt_dir = work / "tensorrt"
         trt_dir.mkdir()
         reports["tensorrt"] = tensorrt.build_engine(
-            work / "encoder.onnx", trt_dir / "encoder.fp16.plan", batch_sizes=options.batch_sizes, seq_buckets=buckets,
+            work / graphs["encoder"]["files"]["padded_fp32"], trt_dir / "encoder.fp16.plan",
+            batch_sizes=options.batch_sizes, seq_buckets=buckets,
             fp16=True, timing_cache_path=trt_dir / "timing.cache")
         graphs["encoder"]["files"]["tensorrt_fp16"] = "tensorrt/encoder.fp16.plan"
         # The engine faces the same gates, at fp16 bounds: encoder on TensorRT, heads on ONNX Runtime as served.
@@ -158,15 +169,17 @@ def _export_into(work: Path, out: Path, model, train_config: TrainConfig, tokeni
         # encoder stays on Triton's onnxruntime backend, which runs the SparsegenLin function body.
         ssaf = enc.attention == "sparsegen_lin"
         engine = work / graphs["encoder"]["files"]["tensorrt_fp16"] if options.trt and not ssaf else None
-        files = {k: v["files"].get("optimized", v["files"]["fp32"]) for k, v in graphs.items()}
-        if "int8" in graphs["encoder"]["files"]:
-            files["encoder_int8"] = graphs["encoder"]["files"]["int8"]
+        files = {k: v["files"]["fp32"] for k, v in graphs.items()}
+        files["encoder"] = graphs["encoder"]["files"]["padded_fp32"]
+        if "padded_int8" in graphs["encoder"]["files"]:
+            files["encoder_int8"] = graphs["encoder"]["files"]["padded_int8"]
         reports["triton"] = triton_repo.write_repository(work, files, engine=engine)
         triton_repo.write_text_model(work / "triton", work, {
             "model": {"tasks": list(model.heads), "pooling": model.config.pooling,
                       "qa_null_threshold": model.config.qa_null_threshold},
             "limits": dataclasses.asdict(train_config.limits), "labels": labels,
-            "graphs": {name: {"inputs": g["inputs"], "outputs": g["outputs"]} for name, g in graphs.items()}})
+            "graphs": {name: {"inputs": list(onnx_graphs.ENCODER_PADDED.inputs) if name == "encoder" else g["inputs"],
+                              "outputs": g["outputs"]} for name, g in graphs.items()}})
         reports["triton"]["bertzoo"] = "python"
     if options.hf:
         from . import hf

@@ -16,6 +16,7 @@ from bertzoo.data import PairExample, SentenceExample
 from bertzoo.export import ort_kernel
 from bertzoo.export.exporter import ExportError, ExportOptions, export_checkpoint
 from bertzoo.export.sparsegen_onnx import DOMAIN, OP_TYPE, count_nodes
+from bertzoo.packing import PACKED_INPUTS
 from bertzoo.serving.backends import OnnxRuntimeBackend, TorchBackend
 from bertzoo.trainer.checkpoint import load_model
 from bertzoo.trainer.train import train
@@ -46,8 +47,14 @@ def exported(request, tmp_path_factory):
 def test_graphs_have_dynamic_axes_and_the_custom_node_only_in_ssaf(exported):
     attention, _, artifact = exported
     encoder = onnx.load(str(artifact / "encoder.onnx"))
+    assert [i.name for i in encoder.graph.input] == list(PACKED_INPUTS)
+    # Every axis dynamic: the packed tokens' and the grid's.
     dims = [[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in encoder.graph.input]
-    assert all(isinstance(d[0], str) and isinstance(d[1], str) for d in dims), dims
+    assert all(d and all(isinstance(x, str) for x in d) for d in dims), dims
+    padded = onnx.load(str(artifact / "encoder.padded.onnx"))  # for Triton (this export asked for it)
+    dims = [[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in padded.graph.input]
+    assert [i.name for i in padded.graph.input] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert all(len(d) == 2 and all(isinstance(x, str) for x in d) for d in dims), dims
     assert {o.domain: o.version for o in encoder.opset_import}[""] >= 17
     if attention == "sparsegen_lin":
         assert count_nodes(encoder) == 2  # one per layer, not an unrolled soup
@@ -119,7 +126,7 @@ def test_manifest_records_files_parity_and_refuses_a_tampered_file(exported, tmp
 
     _, _, artifact = exported
     manifest = load_manifest(artifact)
-    assert set(manifest["parity"]) == {"fp32", "optimized", "int8"}
+    assert set(manifest["parity"]) == {"fp32", "optimized", "int8", "padded_fp32", "padded_int8"}
     assert all(r["passed"] for r in manifest["parity"].values())
     assert manifest["labels"]["sentiment"][0] == "very negative"
     assert "tokenizer.json" in manifest["files"] and manifest["source_checkpoint"]["weights_sha256"]

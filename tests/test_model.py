@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from bertzoo.backbone import resolve_backbone
-from bertzoo.trainer.model import Encoder, EncoderConfig
+from bertzoo.packing import pack_batch
+from bertzoo.trainer.model import Encoder, EncoderConfig, Packing
 from conftest import TINY_ENCODER
 
 
@@ -55,6 +56,25 @@ def test_padding_does_not_change_real_tokens():
     padded_mask = torch.cat([mask, torch.zeros(1, 4, dtype=torch.long)], dim=1)
     long = encoder(padded_ids, padded_mask).last_hidden_state[:, :6]
     torch.testing.assert_close(short, long, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("attention", ["softmax", "sparsegen_lin"])
+def test_packed_tokens_give_the_padded_states_and_zeros_at_padding(attention):
+    encoder = tiny(attention=attention, sparsegen_lambda=-1.0)
+    ids, mask = batch()
+    types = (torch.arange(10) >= 4).long().expand(3, 10).contiguous()  # a pair's second segment from position 4
+    padded = encoder(ids, mask, types).last_hidden_state
+    packing = Packing.from_mask(mask)
+    real = mask.bool()
+    packed = encoder(ids[real], mask, types[real], packing=packing).last_hidden_state
+    assert packed.shape == padded.shape
+    torch.testing.assert_close(packed[real], padded[real], atol=1e-5, rtol=1e-5)
+    assert torch.equal(packed[~real], torch.zeros_like(packed[~real]))
+    # The server's torch-free packing builds the same indices as the torch one.
+    server = pack_batch({"input_ids": ids.numpy(), "attention_mask": mask.numpy(), "token_type_ids": types.numpy()})
+    for name, tensor in zip(("position_ids", "token_index", "pad_index"), packing, strict=True):
+        assert server[name].tolist() == tensor.tolist(), name
+    assert server["input_ids"].tolist() == ids[real].tolist() and server["token_type_ids"].tolist() == types[real].tolist()
 
 
 def test_config_validation_names_the_bad_value():

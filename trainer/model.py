@@ -72,6 +72,35 @@ class EncoderConfig:
         return asdict(self)
 
 
+class Packing(NamedTuple):
+    """Where a packed batch's real tokens sit in its padded [batch, seq] grid (``bertzoo.packing`` explains why).
+
+    With a packing, every per-token layer runs on the [n, hidden] real tokens alone; attention alone works on the
+    padded grid. The exported encoder graph takes these as inputs; ``from_mask`` builds them in torch.
+    """
+
+    position_ids: Tensor  # [n] each token's position in its sequence
+    token_index: Tensor  # [n] each token's place in the flattened grid
+    pad_index: Tensor  # [batch * seq] each grid cell's row in the n tokens plus one zero row (index n) for padding
+
+    @classmethod
+    def from_mask(cls, attention_mask: Tensor) -> Packing:
+        rows, seq = attention_mask.shape
+        token_index = attention_mask.reshape(-1).nonzero().squeeze(1)
+        pad_index = torch.full((rows * seq,), len(token_index), dtype=torch.long, device=attention_mask.device)
+        pad_index[token_index] = torch.arange(len(token_index), device=attention_mask.device)
+        positions = torch.arange(seq, device=attention_mask.device).repeat(rows)
+        return cls(positions[token_index], token_index, pad_index)
+
+    def to_grid(self, x: Tensor, rows: int, seq: int) -> Tensor:
+        """[n, d] tokens -> [rows, seq, d], zeros at padding."""
+        return torch.cat([x, x.new_zeros(1, x.shape[-1])])[self.pad_index].view(rows, seq, x.shape[-1])
+
+    def to_tokens(self, x: Tensor) -> Tensor:
+        """[rows, seq, d] -> [n, d], the real tokens only."""
+        return x.reshape(-1, x.shape[-1])[self.token_index]
+
+
 class EncoderOutput(NamedTuple):
     last_hidden_state: Tensor  # [batch, seq, hidden]
     attentions: tuple[Tensor, ...] | None  # per layer [batch, heads, seq, seq], when asked for
@@ -86,8 +115,8 @@ class Embeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor, position_ids: Tensor | None = None) -> Tensor:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device) if position_ids is None else position_ids
         x = self.word_embeddings(input_ids) + self.position_embeddings(positions) + self.token_type_embeddings(
             token_type_ids
         )
@@ -107,13 +136,18 @@ class SelfAttention(nn.Module):
         self.lam = config.sparsegen_lambda
         self.impl = config.sparsegen_impl
 
-    def _heads(self, x: Tensor) -> Tensor:
-        b, t, _ = x.shape
-        return x.view(b, t, self.num_heads, self.head_size).transpose(1, 2)
+    def forward(self, x: Tensor, key_mask: Tensor, output_attentions: bool, packing: Packing | None = None
+                ) -> tuple[Tensor, Tensor | None]:
+        """``x``: [batch, seq, hidden], or [n, hidden] tokens with their ``packing``; ``key_mask``: bool
+        [batch, 1, 1, seq], True where a key may be attended. The context comes back in ``x``'s layout."""
+        b, t = key_mask.shape[0], key_mask.shape[-1]
 
-    def forward(self, x: Tensor, key_mask: Tensor, output_attentions: bool) -> tuple[Tensor, Tensor | None]:
-        """``key_mask``: bool [batch, 1, 1, seq], True where a key may be attended."""
-        q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
+        def heads(y: Tensor) -> Tensor:
+            if packing is not None:
+                y = packing.to_grid(y, b, t)
+            return y.view(b, t, self.num_heads, self.head_size).transpose(1, 2)
+
+        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
         dropout_p = self.dropout_p if self.training else 0.0
         if self.function == "softmax" and not output_attentions:
             # PyTorch's SDPA: a fused kernel where one applies (on the CPU not with dropout, so training runs its
@@ -124,8 +158,8 @@ class SelfAttention(nn.Module):
             scores = (q / math.sqrt(self.head_size)) @ k.transpose(-1, -2)  # scaling q: t/d times fewer elements
             probs = attention_probs(scores, key_mask, self.function, self.lam, self.impl)
             context = F.dropout(probs, dropout_p, self.training) @ v
-        b, _, t, _ = context.shape
-        return context.transpose(1, 2).reshape(b, t, -1), probs
+        context = context.transpose(1, 2).reshape(b, t, -1)
+        return (context if packing is None else packing.to_tokens(context)), probs
 
 
 class SelfOutput(nn.Module):
@@ -164,8 +198,9 @@ class Layer(nn.Module):
         self.intermediate = Intermediate(config)
         self.output = SelfOutput(config.intermediate_size, config)
 
-    def forward(self, x: Tensor, key_mask: Tensor, output_attentions: bool) -> tuple[Tensor, Tensor | None]:
-        context, probs = self.attention.self(x, key_mask, output_attentions)
+    def forward(self, x: Tensor, key_mask: Tensor, output_attentions: bool, packing: Packing | None = None
+                ) -> tuple[Tensor, Tensor | None]:
+        context, probs = self.attention.self(x, key_mask, output_attentions, packing)
         x = self.attention.output(context, x)
         return self.output(self.intermediate(x), x), probs
 
@@ -206,20 +241,25 @@ class Encoder(nn.Module):
         attention_mask: Tensor,
         token_type_ids: Tensor | None = None,
         output_attentions: bool = False,
+        packing: Packing | None = None,
     ) -> EncoderOutput:
+        """``input_ids``/``token_type_ids``: [batch, seq], or with ``packing`` the [n] real tokens only; the states
+        come back as [batch, seq, hidden] either way (zeros at padding when packed)."""
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        if input_ids.shape[1] > self.config.max_position_embeddings:
+        rows, seq = attention_mask.shape
+        if seq > self.config.max_position_embeddings:
             raise ValueError(
-                f"sequence length {input_ids.shape[1]} exceeds max_position_embeddings "
-                f"{self.config.max_position_embeddings}"
+                f"sequence length {seq} exceeds max_position_embeddings {self.config.max_position_embeddings}"
             )
         key_mask = attention_mask.bool()[:, None, None, :]
-        x = self.embeddings(input_ids, token_type_ids)
+        x = self.embeddings(input_ids, token_type_ids, None if packing is None else packing.position_ids)
         attentions = []
         for layer in self.encoder.layer:
-            x, probs = layer(x, key_mask, output_attentions)
+            x, probs = layer(x, key_mask, output_attentions, packing)
             attentions.append(probs)
+        if packing is not None:
+            x = packing.to_grid(x, rows, seq)
         return EncoderOutput(x, tuple(attentions) if output_attentions else None)
 
     def load_pretrained(self, weights_path: str | Path) -> None:

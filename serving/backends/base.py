@@ -5,8 +5,19 @@ from __future__ import annotations
 
 import numpy as np
 
-ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # the encoder graph's (export/onnx_graphs.py)
+from bertzoo.packing import is_packed, pack_batch
+
+# A padded encoder graph's inputs (export/onnx_graphs.py): TensorRT's, Triton's, and older artifacts' encoder.onnx.
+ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 ENCODER_OUTPUT = "last_hidden_state"
+
+
+def encoder_feed(batch: dict[str, np.ndarray], input_names: list[str] | tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The encoder graph's inputs for a padded ``batch``: packed where the graph takes packed tokens, else the
+    padded arrays as they are; int64 and contiguous either way."""
+    if is_packed(input_names):
+        return pack_batch(batch)
+    return {name: np.ascontiguousarray(batch[name], dtype=np.int64) for name in ENCODER_INPUTS if name in input_names}
 
 
 def rows_mask(mask: np.ndarray, rows) -> np.ndarray:

@@ -13,7 +13,7 @@ import numpy as np
 from bertzoo.artifact import load_manifest
 from bertzoo.cpu import native_bf16
 
-from .base import ENCODER_INPUTS, BackendUnavailable
+from .base import BackendUnavailable, encoder_feed
 from .ort import OnnxRuntimeBackend
 
 log = logging.getLogger("bertzoo.serving")
@@ -74,13 +74,13 @@ class OpenVinoBackend:
             raise BackendUnavailable(f"OpenVINO {ov.__version__} cannot compile {encoder}: {str(e).splitlines()[0]}; "
                                      "serve it with --backend onnxruntime") from e
         self._request = compiled.create_infer_request()
-        self._inputs = [name for name in ENCODER_INPUTS if any(name in p.get_names() for p in compiled.inputs)]
+        self._inputs = [name for p in compiled.inputs for name in p.get_names()]
         self._heads = OnnxRuntimeBackend(directory, threads=threads, manifest=self.manifest, encoder=False)
         self.tasks = self._heads.tasks
         self.version = ov.__version__
 
     def encode(self, batch: dict[str, np.ndarray]) -> np.ndarray:
-        self._request.infer({name: np.ascontiguousarray(batch[name], dtype=np.int64) for name in self._inputs})
+        self._request.infer(encoder_feed(batch, self._inputs))
         # A copy: the request's output buffer is reused by its next call.
         return np.array(self._request.get_output_tensor(0).data, dtype=np.float32)
 

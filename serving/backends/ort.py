@@ -12,7 +12,7 @@ import numpy as np
 
 from bertzoo.artifact import ArtifactError, load_manifest
 
-from .base import BackendUnavailable, rows_mask
+from .base import BackendUnavailable, encoder_feed, rows_mask
 
 VARIANTS = ("fp32", "optimized", "int8")
 
@@ -158,6 +158,7 @@ class OnnxRuntimeBackend:
         sessions = {name: ort.InferenceSession(model.SerializeToString(), sess_options=options, providers=providers)
                     for name, model in models.items()}
         self._encoder = sessions.pop("encoder", None)
+        self._encoder_inputs = [i.name for i in self._encoder.get_inputs()] if self._encoder else []
         self._heads = sessions
         self.tasks = tuple(self._heads)
         self._ort = ort
@@ -171,8 +172,8 @@ class OnnxRuntimeBackend:
     def encode_resident(self, batch: dict[str, np.ndarray]) -> DeviceStates:
         """:meth:`encode`, with the states left on the device."""
         binding = self._encoder.io_binding()
-        for name in ("input_ids", "attention_mask", "token_type_ids"):
-            binding.bind_cpu_input(name, np.ascontiguousarray(batch[name], dtype=np.int64))
+        for name, array in encoder_feed(batch, self._encoder_inputs).items():
+            binding.bind_cpu_input(name, array)
         binding.bind_output(self._encoder.get_outputs()[0].name, self._ort_device)
         self._encoder.run_with_iobinding(binding)
         return DeviceStates(self, binding.get_outputs()[0], batch["attention_mask"])
@@ -187,9 +188,8 @@ class OnnxRuntimeBackend:
         return binding.get_outputs()[0]
 
     def encode(self, batch: dict[str, np.ndarray]) -> np.ndarray:
-        feed = {k: np.ascontiguousarray(batch[k], dtype=np.int64)
-                for k in ("input_ids", "attention_mask", "token_type_ids")}
-        rows, width = feed["input_ids"].shape
+        feed = encoder_feed(batch, self._encoder_inputs)
+        rows, width = feed["attention_mask"].shape
         big = self._shrink is not None and rows * width * width > ARENA_KEEP_CELLS
         return self._encoder.run(None, feed, self._shrink if big else None)[0]
 
