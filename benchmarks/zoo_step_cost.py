@@ -10,7 +10,8 @@ arm's cost is reported as the median of its windows over all rounds divided by t
 per-window ratios (each window against the baseline's median of the same round). SSA's probing rounds
 (--ssa-probe-limit sentences each) land in one step per round, which moves no window's median: the figure is the
 cost of its extra attention layer and loss. The ``bf16`` arm is the baseline with bf16 autocast (``--precision
-bf16``), for what it saves on a CPU with native bf16.
+bf16``), for what it saves on a CPU with native bf16. The ``padded`` arm is the baseline with the encoder on the
+padded batch (``--set pack_tokens=false``), for what packing the tokens saves.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from pathlib import Path
 from timing import machine
 
 ARMS = {"baseline": ("--preset", "baseline"), "ssaf": ("--preset", "ssaf"), "ag": ("--preset", "ag"),
-        "ssa": ("--preset", "ssa"), "bf16": ("--preset", "baseline", "--precision", "bf16")}
+        "ssa": ("--preset", "ssa"), "bf16": ("--preset", "baseline", "--precision", "bf16"),
+        "padded": ("--preset", "baseline", "--set", "pack_tokens=false")}
 
 
 def run(arm: str, out: Path, args) -> list[float]:

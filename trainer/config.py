@@ -78,6 +78,9 @@ class TrainConfig:
     task_weights: dict = field(default_factory=dict)
     anneal_min_alpha: float = 0.2  # "annealed": p_task ~ n_task ** alpha, alpha from 1 down to this
     precision: str = "auto"  # auto = bf16 autocast on a GPU that supports it, else fp32
+    # The encoder's per-token layers on the real tokens only (trainer/model.py, Packing): the same model, no work spent
+    # on padding. False: the padded batch as it is.
+    pack_tokens: bool = True
     # zoo: dynamic task prioritization (trainer/prioritization.py; paper 004), used when sampling = "dynamic"
     dtp_every: int = 100  # steps between re-weightings (each one evaluates on dtp_eval_limit dev items per task)
     dtp_eval_limit: int = 200

@@ -98,8 +98,12 @@ class MultitaskModel(nn.Module):
         self.encoder = Encoder(config.encoder)
         self.heads = nn.ModuleDict({task: build_head(task, config) for task in config.tasks})
 
+    # Run the encoder on packed tokens (Encoder's ``pack``): set by the trainer from TrainConfig.pack_tokens.
+    pack_tokens = False
+
     def encode(self, batch: dict[str, Tensor]) -> Tensor:
-        return self.encoder(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids")).last_hidden_state
+        return self.encoder(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"),
+                            pack=self.pack_tokens).last_hidden_state
 
     def forward(self, task: str, batch: dict[str, Tensor], details: bool = False, output_attentions: bool = False
                 ) -> Tensor | tuple[Tensor, Tensor] | ForwardDetails:
@@ -111,7 +115,7 @@ class MultitaskModel(nn.Module):
         if task not in self.heads:
             raise ValueError(f"this model has no {task!r} head; it was trained for {list(self.heads)}")
         encoded = self.encoder(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"),
-                               output_attentions=output_attentions)
+                               output_attentions=output_attentions, pack=self.pack_tokens)
         states, mask = encoded.last_hidden_state, batch["attention_mask"]
         head, report = self.heads[task], {}
         # Only heads that declare ``reports_details`` take the dict; export and serving call heads without it.

@@ -242,11 +242,17 @@ class Encoder(nn.Module):
         token_type_ids: Tensor | None = None,
         output_attentions: bool = False,
         packing: Packing | None = None,
+        pack: bool = False,
     ) -> EncoderOutput:
         """``input_ids``/``token_type_ids``: [batch, seq], or with ``packing`` the [n] real tokens only; the states
-        come back as [batch, seq, hidden] either way (zeros at padding when packed)."""
+        come back as [batch, seq, hidden] either way (zeros at padding when packed). ``pack``: take a padded batch
+        and pack it here (the same states on the real tokens, less work on padding)."""
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
+        if pack and packing is None:
+            packing = Packing.from_mask(attention_mask)
+            real = attention_mask.bool()
+            input_ids, token_type_ids = input_ids[real], token_type_ids[real]
         rows, seq = attention_mask.shape
         if seq > self.config.max_position_embeddings:
             raise ValueError(

@@ -87,6 +87,7 @@ def build_model(config: TrainConfig) -> tuple[MultitaskModel, Tokenizer]:
     model = MultitaskModel(ModelConfig(encoder_config, sentiment_num_labels=num_labels, **shared))
     if backbone.weights_path is not None:
         model.encoder.load_pretrained(backbone.weights_path)
+    model.pack_tokens = config.pack_tokens
     return model, backbone.tokenizer()
 
 
