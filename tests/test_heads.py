@@ -34,6 +34,22 @@ def test_multitask_forward_shapes_and_ranges(similarity_head):
     assert (start[2, 4:] < -1e30).all(), "padding can never be an answer position"
 
 
+@pytest.mark.parametrize("heads", [{}, {"sentiment_head": "self_attention", "paraphrase_head": "cross_attention",
+                                       "similarity_head": "cross_pool"}])
+def test_packed_tokens_give_every_head_the_same_outputs(heads):
+    torch.manual_seed(0)
+    model = MultitaskModel(ModelConfig(EncoderConfig(**TINY_ENCODER), sentiment_num_labels=5, **heads)).eval()
+    batch = multitask_batch()
+    batch["attention_mask"][4, 6:] = 0  # padding in both halves of the pairs
+    for task in ("sentiment", "paraphrase", "similarity", "qa"):
+        model.pack_tokens = False
+        padded = model(task, batch)
+        model.pack_tokens = True
+        packed = model(task, batch)
+        for p, q in zip(padded if task == "qa" else (padded,), packed if task == "qa" else (packed,), strict=True):
+            torch.testing.assert_close(q, p, atol=1e-5, rtol=1e-5, msg=task)
+
+
 def test_unknown_task_names_the_heads():
     model = MultitaskModel(ModelConfig(EncoderConfig(**TINY_ENCODER), tasks=("sentiment",)))
     with pytest.raises(ValueError, match="no 'qa' head"):
