@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -39,6 +40,7 @@ def run(arm: str, out: Path, args) -> list[float]:
                "--batch-size", str(args.batch_size), "--no-eval", "--no-progress", "--seed", "0"]
     if arm == "ssa":
         command += ["--set", f"ssa_probe_limit={args.ssa_probe_limit}"]
+    command += shlex.split(args.train_args)
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     return [r["step_ms"][args.task] for r in records if "step_ms" in r and args.task in r["step_ms"]]
@@ -54,6 +56,8 @@ def main() -> None:
     parser.add_argument("--ssa-probe-limit", type=int, default=100)
     parser.add_argument("--arms", default="baseline,ssaf,ag,ssa", help=f"comma-separated, of {', '.join(ARMS)}")
     parser.add_argument("--task", default="sentiment", choices=["sentiment", "paraphrase", "similarity", "qa"])
+    parser.add_argument("--train-args", default="", help="more `bertzoo train` options for every arm, e.g. "
+                        "\"--batch-tokens 1024\"")
     args = parser.parse_args()
     arms = args.arms.split(",")
     if "baseline" not in arms or not set(arms) <= set(ARMS):

@@ -77,6 +77,26 @@ def test_packed_tokens_give_the_padded_states_and_zeros_at_padding(attention):
     assert server["input_ids"].tolist() == ids[real].tolist() and server["token_type_ids"].tolist() == types[real].tolist()
 
 
+@pytest.mark.parametrize("attention", ["softmax", "sparsegen_lin"])
+def test_packed_tokens_train_with_the_padded_gradients(attention):
+    encoder = tiny(attention=attention, sparsegen_lambda=-1.0, hidden_dropout_prob=0.0,
+                   attention_probs_dropout_prob=0.0).train()
+    ids, mask = batch()
+    real = mask.bool()
+    weights = torch.randn(3, 10, 32)  # a loss that weighs every real state differently
+
+    def grads(pack: bool) -> dict[str, torch.Tensor]:
+        encoder.zero_grad()
+        states = encoder(ids, mask, pack=pack).last_hidden_state
+        (states[real] * weights[real]).sum().backward()
+        return {name: p.grad.clone() for name, p in encoder.named_parameters() if p.grad is not None}
+
+    padded, packed = grads(False), grads(True)
+    assert padded.keys() == packed.keys() and len(padded) > 10
+    for name in padded:
+        torch.testing.assert_close(packed[name], padded[name], atol=1e-4, rtol=1e-4, msg=name)
+
+
 def test_config_validation_names_the_bad_value():
     with pytest.raises(ValueError, match="attention must be one of"):
         EncoderConfig(attention="linear")
