@@ -99,7 +99,7 @@ class Packing(NamedTuple):
             # every padding cell into one row, 3x slower on a CPU (the two give the same values).
             grid = x.new_zeros(rows * seq, x.shape[-1]).index_copy(0, self.token_index, x)
         else:
-            # Inference and export: one gather (ONNX Gather) from the tokens and a zero row.
+            # Inference and export: one gather (ONNX GatherND) from the tokens and a zero row.
             grid = torch.cat([x, x.new_zeros(1, x.shape[-1])])[self.pad_index]
         return grid.view(rows, seq, x.shape[-1])
 
