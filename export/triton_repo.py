@@ -5,11 +5,11 @@ Layout (https://docs.nvidia.com/deeplearning/triton-inference-server/user-guide/
     triton/
       bertzoo_encoder/config.pbtxt, 1/model.onnx   (or 1/model.plan with the tensorrt backend)
       bertzoo_encoder_int8/config.pbtxt, 1/model.onnx   (with --int8: the same inputs and outputs)
+      bertzoo_head_<task>/config.pbtxt, 1/model.onnx
+      bertzoo/config.pbtxt, 1/model.py, 1/bertzoo.json, 1/tokenizer.json   text in, answers out (Python backend)
 
 The encoder models are the artifact's padded graphs (``encoder.padded.onnx``, ``encoder.padded.int8.onnx``), not
 the packed ``encoder.onnx`` bertzoo's own server runs: Triton batches requests along a leading batch axis.
-      bertzoo_head_<task>/config.pbtxt, 1/model.onnx
-      bertzoo/config.pbtxt, 1/model.py, 1/bertzoo.json, 1/tokenizer.json   text in, answers out (Python backend)
 
 Each model gets dynamic batching (no added queue delay by default, like our own batcher) and an instance group. Every
 graph's first axis is its batch axis, which Triton's dims leave out; the other axes are -1 where the graph's are
