@@ -18,7 +18,7 @@
 #   wait              until training and `bertzoo eval` are done; copies the metrics to $OUT
 #   check             benchmarks/gpu_check.py on the trained run; its JSON and log to $OUT
 #   zoo               every zoo preset x 3 seeds at the full budget, in parallel; logs and dev metrics to $OUT
-#   recipes [S]       (after setup2 in the same call; RECIPE_ROUND=2 or 3 for the later rounds) RECIPES below, all at
+#   recipes [S]       (after setup2 in the same call; RECIPE_ROUND=2, 3, 4 or "3,4" for the later rounds) RECIPES, all at
 #                     once, waiting at most S seconds; then
 #   collect [S]       waits at most S seconds more; each copies every finished run's dev metrics to $OUT
 #   claims C SEEDS [S]  (after setup2 in the same call) every (arm, seed) of benchmarks/zoo_claims.py's claim C at
@@ -78,9 +78,26 @@ RECIPES3=(
   "decay0.8-top3e-4-s3|--seed 3 --set lr=3e-4 --lr-layer-decay 0.8|$SIM2"
   "base-s4|--seed 4|$SIM2"
 )
-RECIPES=("${RECIPES1[@]}")
-if [ "${RECIPE_ROUND:-1}" = 2 ]; then RECIPES=("${RECIPES2[@]}"); fi
-if [ "${RECIPE_ROUND:-1}" = 3 ]; then RECIPES=("${RECIPES3[@]}"); fi
+# The fourth: packed training makes run 12's recipe ~1.2x faster on the CPU, so a longer schedule fits in the 90
+# minutes. 1.6 epochs over seeds (seed 0 ran in round 1), and with round 3's layer decay.
+RECIPES4=(
+  "epochs1.6-s1|--seed 1 --epochs 1.6|$SIM2"
+  "epochs1.6-s2|--seed 2 --epochs 1.6|$SIM2"
+  "epochs1.6-s3|--seed 3 --epochs 1.6|$SIM2"
+  "decay0.85-top2e-4-epochs1.6-s0|--seed 0 --epochs 1.6 --set lr=2e-4 --lr-layer-decay 0.85|$SIM2"
+  "decay0.85-top2e-4-epochs1.6-s1|--seed 1 --epochs 1.6 --set lr=2e-4 --lr-layer-decay 0.85|$SIM2"
+  "decay0.85-top2e-4-epochs1.6-s2|--seed 2 --epochs 1.6 --set lr=2e-4 --lr-layer-decay 0.85|$SIM2"
+  "decay0.85-top2e-4-epochs1.6-s3|--seed 3 --epochs 1.6 --set lr=2e-4 --lr-layer-decay 0.85|$SIM2"
+  "base-s5|--seed 5|$SIM2"
+)
+# RECIPE_ROUND names one round or several, comma-separated ("3,4": 16 runs at once, one host thread each).
+RECIPES=()
+RECIPE_ROUND=${RECIPE_ROUND:-1}
+for round in ${RECIPE_ROUND//,/ }; do
+  declare -n round_list="RECIPES${round:-1}"
+  RECIPES+=("${round_list[@]}")
+done
+[ ${#RECIPES[@]} -gt 0 ] || RECIPES=("${RECIPES1[@]}")
 
 prepare() {  # on the development machine, from the repository root, with .venv set up as in the README
   local data=${1:-../shared/data} model
@@ -208,8 +225,8 @@ recipes)
   mkdir -p $S/recipes
   for r in "${RECIPES[@]}"; do
     IFS='|' read -r name flags weights <<< "$r"; d=$S/recipes/$name
-    # 16 cores, 8 runs: each run's Python is the bottleneck of its step (RESULTS.md), two threads each
-    (cd /tmp && OMP_NUM_THREADS=2 setsid nohup bash -c "python3 -m bertzoo.cli train --data $S/data --out $d $FULL \
+    # 16 cores: each run's Python is the bottleneck of its step (RESULTS.md), so the cores are shared out evenly
+    (cd /tmp && OMP_NUM_THREADS=$((16 / ${#RECIPES[@]} > 0 ? 16 / ${#RECIPES[@]} : 1)) setsid nohup bash -c "python3 -m bertzoo.cli train --data $S/data --out $d $FULL \
       --sst-phrases $S/data/sst-trees/train.txt --set task_weights='$weights' $flags > $d.train.log 2>&1; \
       python3 -m bertzoo.cli eval $d --data $S/data --json-out $d.dev.json > $d.eval.log 2>&1; touch $d.done" \
       > /dev/null 2>&1 < /dev/null &)

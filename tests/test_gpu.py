@@ -22,12 +22,13 @@ def _has_ort_cuda() -> bool:
     return "CUDAExecutionProvider" in ort.get_available_providers()
 
 
-def tiny_model(attention: str = "softmax"):
+def tiny_model(attention: str = "softmax", **overrides):
     from bertzoo.trainer.heads import ModelConfig, MultitaskModel
     from bertzoo.trainer.model import EncoderConfig
 
     torch.manual_seed(0)
-    encoder = EncoderConfig(**TINY_ENCODER, attention=attention, sparsegen_lambda=-3.0, sparsegen_impl="bisect")
+    encoder = EncoderConfig(**TINY_ENCODER, attention=attention, sparsegen_lambda=-3.0, sparsegen_impl="bisect",
+                            **overrides)
     return MultitaskModel(ModelConfig(encoder=encoder, tasks=("sentiment", "paraphrase", "similarity", "qa"))).eval()
 
 
@@ -75,6 +76,33 @@ def test_sparsegen_op_on_cuda_is_the_triton_kernel_and_matches_the_reference():
     got = sparsegen_lin(scores.cuda().requires_grad_(), mask.cuda(), -3.0, "bisect")
     assert (got.double().cpu() - reference).abs().max() < 1e-5
     got.sum().backward()  # the closed-form backward runs on the kernel's output
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("attention", ["softmax", "sparsegen_lin"])
+@pytest.mark.parametrize("precision, atol", [("fp32", 1e-4), ("bf16", 5e-2)])
+def test_packed_training_on_cuda_gives_the_padded_gradients(attention, precision, atol):
+    """Training packs its tokens by default (``TrainConfig.pack_tokens``); on CUDA, under bf16 autocast too, and with
+    the Triton sparsegen-lin kernel on the padded grid."""
+    # No dropout: the two passes must compute the same function.
+    encoder = tiny_model(attention, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).encoder.cuda().train()
+    inputs = {name: torch.from_numpy(value).cuda() for name, value in batch(6, 24, seed=3).items()}
+    real = inputs["attention_mask"].bool()
+    weights = torch.randn(*real.shape, TINY_ENCODER["hidden_size"], device="cuda")
+
+    def grads(pack: bool) -> dict[str, torch.Tensor]:
+        encoder.zero_grad()
+        with torch.autocast("cuda", torch.bfloat16, enabled=precision == "bf16"):
+            states = encoder(inputs["input_ids"], inputs["attention_mask"], pack=pack).last_hidden_state
+        (states[real].float() * weights[real]).sum().backward()
+        return {name: p.grad.float().clone() for name, p in encoder.named_parameters() if p.grad is not None}
+
+    padded, packed = grads(False), grads(True)
+    assert padded.keys() == packed.keys() and len(padded) > 10
+    for name in padded:
+        scale = padded[name].abs().max().clamp_min(1.0)  # bf16 rounds relative to each gradient's size
+        assert (packed[name] - padded[name]).abs().max() <= atol * scale, name
 
 
 @pytest.mark.gpu
