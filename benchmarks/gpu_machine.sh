@@ -223,10 +223,11 @@ zoo)
   ;;
 recipes)
   mkdir -p $S/recipes
+  # 16 cores: each run's Python is the bottleneck of its step (RESULTS.md), so the cores are shared out evenly
+  threads=$((16 / ${#RECIPES[@]})); [ $threads -ge 1 ] || threads=1
   for r in "${RECIPES[@]}"; do
     IFS='|' read -r name flags weights <<< "$r"; d=$S/recipes/$name
-    # 16 cores: each run's Python is the bottleneck of its step (RESULTS.md), so the cores are shared out evenly
-    (cd /tmp && OMP_NUM_THREADS=$((16 / ${#RECIPES[@]} > 0 ? 16 / ${#RECIPES[@]} : 1)) setsid nohup bash -c "python3 -m bertzoo.cli train --data $S/data --out $d $FULL \
+    (cd /tmp && OMP_NUM_THREADS=$threads setsid nohup bash -c "python3 -m bertzoo.cli train --data $S/data --out $d $FULL \
       --sst-phrases $S/data/sst-trees/train.txt --set task_weights='$weights' $flags > $d.train.log 2>&1; \
       python3 -m bertzoo.cli eval $d --data $S/data --json-out $d.dev.json > $d.eval.log 2>&1; touch $d.done" \
       > /dev/null 2>&1 < /dev/null &)
