@@ -94,10 +94,9 @@ RECIPES4=(
 RECIPES=()
 RECIPE_ROUND=${RECIPE_ROUND:-1}
 for round in ${RECIPE_ROUND//,/ }; do
-  declare -n round_list="RECIPES${round:-1}"
+  declare -n round_list="RECIPES$round"
   RECIPES+=("${round_list[@]}")
 done
-[ ${#RECIPES[@]} -gt 0 ] || RECIPES=("${RECIPES1[@]}")
 
 prepare() {  # on the development machine, from the repository root, with .venv set up as in the README
   local data=${1:-../shared/data} model
