@@ -32,6 +32,23 @@ TINY_ENCODER = {
 }
 
 
+def padded_and_packed_grads(encoder, ids, mask, weights, bf16: bool = False) -> tuple[dict, dict]:
+    """Every encoder parameter's gradient of one loss that weighs each real token's state differently: from the
+    padded batch, then from the same batch packed (bf16 autocast on the batch's device where asked)."""
+    import torch
+
+    real = mask.bool()
+
+    def grads(pack: bool) -> dict:
+        encoder.zero_grad()
+        with torch.autocast(ids.device.type, torch.bfloat16, enabled=bf16):
+            states = encoder(ids, mask, pack=pack).last_hidden_state
+        (states[real].float() * weights[real]).sum().backward()
+        return {name: p.grad.float().clone() for name, p in encoder.named_parameters() if p.grad is not None}
+
+    return grads(False), grads(True)
+
+
 @pytest.fixture
 def tiny_train_config(tmp_path):
     """A TrainConfig for a tiny random encoder on the bundled samples: seconds, not minutes."""

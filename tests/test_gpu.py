@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import TINY_ENCODER, serve_config
+from conftest import TINY_ENCODER, padded_and_packed_grads, serve_config
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU (torch.cuda.is_available() is False)")
 
@@ -88,17 +88,9 @@ def test_packed_training_on_cuda_gives_the_padded_gradients(attention, precision
     # No dropout: the two passes must compute the same function.
     encoder = tiny_model(attention, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).encoder.cuda().train()
     inputs = {name: torch.from_numpy(value).cuda() for name, value in batch(6, 24, seed=3).items()}
-    real = inputs["attention_mask"].bool()
-    weights = torch.randn(*real.shape, TINY_ENCODER["hidden_size"], device="cuda")
-
-    def grads(pack: bool) -> dict[str, torch.Tensor]:
-        encoder.zero_grad()
-        with torch.autocast("cuda", torch.bfloat16, enabled=precision == "bf16"):
-            states = encoder(inputs["input_ids"], inputs["attention_mask"], pack=pack).last_hidden_state
-        (states[real].float() * weights[real]).sum().backward()
-        return {name: p.grad.float().clone() for name, p in encoder.named_parameters() if p.grad is not None}
-
-    padded, packed = grads(False), grads(True)
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    weights = torch.randn(*ids.shape, TINY_ENCODER["hidden_size"], device="cuda")
+    padded, packed = padded_and_packed_grads(encoder, ids, mask, weights, bf16=precision == "bf16")
     assert padded.keys() == packed.keys() and len(padded) > 10
     for name in padded:
         scale = padded[name].abs().max().clamp_min(1.0)  # bf16 rounds relative to each gradient's size

@@ -8,7 +8,7 @@ import torch
 from bertzoo.backbone import resolve_backbone
 from bertzoo.packing import pack_batch
 from bertzoo.trainer.model import Encoder, EncoderConfig, Packing
-from conftest import TINY_ENCODER
+from conftest import TINY_ENCODER, padded_and_packed_grads
 
 
 def tiny(**overrides) -> Encoder:
@@ -82,16 +82,7 @@ def test_packed_tokens_train_with_the_padded_gradients(attention):
     encoder = tiny(attention=attention, sparsegen_lambda=-1.0, hidden_dropout_prob=0.0,
                    attention_probs_dropout_prob=0.0).train()
     ids, mask = batch()
-    real = mask.bool()
-    weights = torch.randn(3, 10, 32)  # a loss that weighs every real state differently
-
-    def grads(pack: bool) -> dict[str, torch.Tensor]:
-        encoder.zero_grad()
-        states = encoder(ids, mask, pack=pack).last_hidden_state
-        (states[real] * weights[real]).sum().backward()
-        return {name: p.grad.clone() for name, p in encoder.named_parameters() if p.grad is not None}
-
-    padded, packed = grads(False), grads(True)
+    padded, packed = padded_and_packed_grads(encoder, ids, mask, torch.randn(3, 10, 32))
     assert padded.keys() == packed.keys() and len(padded) > 10
     for name in padded:
         torch.testing.assert_close(packed[name], padded[name], atol=1e-4, rtol=1e-4, msg=name)
