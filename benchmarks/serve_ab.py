@@ -7,6 +7,9 @@ drift falls on both equally. For server-side levers worth a few percent, which o
 
 (``/tmp/venv-before``: another commit's build installed in its own virtual environment.)
 
+``--rate R`` replaces the closed loop by an open one: Sentiment requests sent at R per second whatever the answers,
+for the latency at a given load (p50, p99 and their ratio) rather than the rate at saturation.
+
 Each arm is a command that stands for ``bertzoo``, to which ``serve ARTIFACT --host ... --port ... --metrics-port ...``
 and the flags after ``--`` are appended (an environment variable goes in front with ``env NAME=VALUE``). Round r runs
 the arms in order, round r + 1 in reverse. Prints every round and, per arm, the mean and its ratio to the first
@@ -21,20 +24,26 @@ import shlex
 import sys
 
 from processes import free_port, start_bertzoo, stop
-from serve_speed import closed_loop, measured_load
+from serve_speed import closed_loop, measured_load, open_loop
 from timing import machine
 
 from bertzoo.serving.load import load_items
 
 
 def one_round(launcher: list[str], artifact: str, flags: list[str], task: str, items: list, concurrency: int,
-              seconds: float) -> dict:
+              seconds: float, rate: float | None) -> dict:
     port = free_port()
     process = start_bertzoo(artifact, port, *flags, launcher=launcher)
     try:
+        if rate is not None:
+            return measured_load(process.pid, lambda: open_loop(port, items, rate, seconds))
         return measured_load(process.pid, lambda: closed_loop(port, task, items, concurrency, seconds))
     finally:
         stop(process)
+
+
+def _joined(values: list[float], digits: int) -> str:
+    return " ".join(f"{v:.{digits}f}" for v in values)
 
 
 def main() -> None:
@@ -47,6 +56,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--rate", type=float, default=None,
+                        help="requests/s of an open loop (Sentiment) instead of --concurrency closed-loop clients")
     parser.add_argument("--out", default=None, help="write every round as JSON")
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)
@@ -60,17 +71,25 @@ def main() -> None:
         arms[name] = shlex.split(command)
     if len(arms) < 2:
         parser.error("give at least two --arm")
+    if args.rate is not None and args.task != "sentiment":
+        parser.error("--rate sends Sentiment requests: leave --task at sentiment")
     items = load_items(args.task, args.data)
     print(json.dumps(machine()), flush=True)
     rounds: dict[str, list[dict]] = {name: [] for name in arms}
     for r in range(args.rounds):
         for name in list(arms) if r % 2 == 0 else list(arms)[::-1]:
             summary = one_round(arms[name], args.artifact, args.serve_flags, args.task, items, args.concurrency,
-                                args.seconds)
+                                args.seconds, args.rate)
             rounds[name].append(summary)
-            print(f"round {r} {name}: {summary['items_per_s']:.1f} {args.task} items/s, p50 {summary['p50_ms']:.0f} "
-                  f"ms, p99 {summary['p99_ms']:.0f} ms, server {summary['server_cores']:.2f} cores, load generator "
+            print(f"round {r} {name}: {summary['items_per_s']:.1f} {args.task} items/s, p50 {summary['p50_ms']:.1f} "
+                  f"ms, p99 {summary['p99_ms']:.1f} ms, server {summary['server_cores']:.2f} cores, load generator "
                   f"{summary['load_generator_cores']:.2f}", flush=True)
+    if args.rate is not None:  # the latencies are the result: the rate is the one sent
+        for name, results in rounds.items():
+            p50s, p99s = [s["p50_ms"] for s in results], [s["p99_ms"] for s in results]
+            ratios = [b / a for a, b in zip(p50s, p99s, strict=True)]
+            print(f"{name}: p50 {_joined(p50s, 1)} ms; p99 {_joined(p99s, 1)} ms; p99/p50 {_joined(ratios, 2)} "
+                  f"(mean {sum(ratios) / len(ratios):.2f})")
     first = None
     for name, results in rounds.items():
         rates = [s["items_per_s"] for s in results]

@@ -127,6 +127,14 @@ def closed_loop(port: int, task: str, items: list, concurrency: int, duration: f
                                 stream=stream)).summary()
 
 
+def open_loop(port: int, sentences: list[str], rate: float, duration: float) -> dict:
+    """Sentiment requests of one sentence each, sent at ``rate`` per second for ``duration`` s whatever the answers
+    (after a 3 s warm-up at the same rate): p50 and p99 of their latency."""
+    asyncio.run(_open_loop(port, sentences, rate, 3))
+    summary = asyncio.run(_open_loop(port, sentences, rate, duration))
+    return {**summary, "items_per_s": (summary["sent"] - summary["errors"]) / duration}
+
+
 async def _open_loop(port: int, sentences: list[str], rate: float, duration: float) -> dict:
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     stub = pb2_grpc.BertzooStub(channel)

@@ -136,6 +136,45 @@ def test_a_full_batch_is_cut_while_the_worker_is_busy_so_two_batches_are_in_flig
     assert [b[0] for b in runner.batches] == [[1], [2, 2, 2, 2]]
 
 
+def test_with_every_instance_busy_the_next_batch_is_cut_ahead_and_run_by_the_first_to_finish():
+    """With two instances, one waiting item is cut into a batch at once while both run (one instance keeps
+    collecting: the test above); only one batch is cut ahead, and it runs when either instance finishes."""
+    from bertzoo.serving.batcher import model_worker
+
+    first, second = Runner(), Runner()
+
+    async def main():
+        batcher = Batcher(first, bucket_for, pad_id=0, settings=BatchSettings(), metrics=Metrics(),
+                          more_instances=[(second, model_worker("main", 1))])
+        batcher.start()
+        try:
+            first.gate.clear()
+            second.gate.clear()
+            held = []
+            for marker in (1, 2):  # one batch each, on the first and then the second instance
+                held.append(batcher.submit([sentence(5, marker=marker)]))
+                await until(lambda n=marker: batcher._in_flight == n)
+            ahead = batcher.submit([sentence(5, marker=3)])
+            await until(lambda: batcher._in_flight == 3)
+            assert batcher._waiting_rows == 0  # cut and padded ahead, with both instances busy
+            later = [batcher.submit([sentence(5, marker=4)]) for _ in range(2)]
+            await asyncio.sleep(0.05)
+            assert batcher._in_flight == 3 and batcher._waiting_rows == 2  # one batch ahead, no more
+            second.gate.set()  # the second instance finishes first and takes the batch cut ahead
+            assert await asyncio.wait_for(ahead.future, 5) == [30]
+            assert not held[0].future.done()
+            first.gate.set()
+            await asyncio.gather(*(j.future for j in held + later))
+        finally:
+            first.gate.set()
+            second.gate.set()
+            await batcher.close(timeout=5)
+
+    asyncio.run(main())
+    assert [b[0] for b in first.batches][0] == [1] and [b[0] for b in second.batches][:2] == [[2], [3]]
+    assert sorted(m for runner in (first, second) for b in runner.batches[1:] for m in b[0]) == [3, 4, 4]
+
+
 def test_an_idle_model_waits_up_to_the_queue_delay_for_a_fuller_batch():
     runner = Runner()
 
