@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from tqdm import tqdm
 
+from bertzoo.allocator import describe as describe_allocator
 from bertzoo.atomic import atomic_write_text
 from bertzoo.backbone import resolve_backbone
 from bertzoo.tasks import task_spec
@@ -168,6 +169,7 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
     if env.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
         log.info("effective config:\n%s", config.to_json())
+        log.info("memory allocator: %s", describe_allocator())
         atomic_write_text(out_dir / "train_config.json", config.to_json())
         if advice := cpu_precision_advice(config.precision, env.device):
             log.log(logging.WARNING if config.precision == "bf16" else logging.INFO, advice)  # emulated bf16: slow
