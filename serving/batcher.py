@@ -177,13 +177,12 @@ class Batcher:
         except asyncio.TimeoutError:
             log.warning("batcher (%s lane): %d requests still queued at shutdown; failing them", self.lane,
                         self._waiting_jobs)
-        shutdown = Unavailable("the server shut down", reason="shutdown")
         for queue in self._queues.values():
             for item in queue:
                 if not item.job.future.done():
-                    item.job.future.set_exception(shutdown)
+                    item.job.future.set_exception(Unavailable("the server shut down", reason="shutdown"))
         while self._staged:
-            self._fail(self._staged.popleft(), shutdown)
+            self._fail(self._staged.popleft(), Unavailable("the server shut down", reason="shutdown"))
         self._scheduler.cancel()
         await asyncio.gather(self._scheduler, return_exceptions=True)
         for executor in [self._executor, *(e for _, e in self._more_instances)]:
@@ -282,8 +281,8 @@ class Batcher:
             if self._in_flight >= self._instance_count and not full and self._instance_count == 1:
                 # Its one instance is busy: collect more items meanwhile. With several, the next batch is cut now:
                 # an instance that waited for the event loop (busy answering the last batch's requests) to cut its
-                # next batch left 0.13 of 2 cores idle; cutting ahead gave int8 +9% sentences/s at 64 clients and
-                # fp32 p99/p50 2.2 instead of 4.0 at half that load (RESULTS.md).
+                # next batch left 0.13 of 2 cores idle; cutting ahead gave int8 +9% sentences/s at 64 clients, and
+                # fp32 p99/p50 2.65 instead of 3.20 at half of its saturation (RESULTS.md).
                 return None
             delay = self._settings.max_queue_delay_ms / 1000.0
             if not self._in_flight and not full and delay > 0 and not self._closing:
