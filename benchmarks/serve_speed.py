@@ -112,7 +112,7 @@ def batch_counters(metrics_port: int) -> dict[str, float]:
 
 
 def measured_load(pid: int, load) -> dict:
-    """Run ``load()`` (a closed loop; returns a summary with items_per_s) and add the CPU cores the server (``pid``)
+    """Run ``load()`` (a closed or open loop; returns a summary with items_per_s) and add the CPU cores the server (``pid``)
     and this load generator used meanwhile."""
     server0, own0, t0 = cpu_seconds(pid), own_cpu_seconds(), time.perf_counter()
     summary = load()
