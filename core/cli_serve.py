@@ -63,6 +63,9 @@ def _serve_option(*decls: str, name: str, **kwargs):
 @_serve_option("--instances", name="instances", type=int,
                help="Engine instances running batches side by side (CPU engines), the --threads shared out among "
                     "them; 2 on a small machine lets two batches run while the other waits for nothing.")
+@_serve_option("--pin-instances/--no-pin-instances", name="pin_instances",
+               help="With --instances over 1 and their threads adding up to every core this process may use, run each "
+                    "instance on cores of its own (the event loop on any); off: the scheduler places them.")
 @_serve_option("--long-request-tokens", name="long_request_tokens", type=int,
                help="Requests costing more encoder tokens than this run in the long-request lane, at low CPU "
                     "priority, so short requests are not held behind them.")

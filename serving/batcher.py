@@ -36,8 +36,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -48,6 +46,7 @@ from .config import BatchSettings
 from .engine import Work, prepare_inputs
 from .errors import BackendFailure, DeadlineExceeded, QueueFull, Unavailable
 from .metrics import Metrics
+from .workers import model_worker
 
 log = logging.getLogger("bertzoo.serving")
 
@@ -55,29 +54,6 @@ log = logging.getLogger("bertzoo.serving")
 BatchRunner = Callable[[Sequence[Work], dict], list]
 # An engine instance: its batch runner and the one-thread worker (model_worker) it runs on.
 Instance = tuple[BatchRunner, ThreadPoolExecutor]
-# CPU priorities (Linux nice values) of the lanes' workers. The event loop (network, validation, refusals) keeps the
-# normal priority, so while the engine saturates every core a request is still accepted, queued or refused at once.
-# The long lane's worker takes only what the main lane leaves: beside a long-lane worker of equal priority a
-# one-sentence encoder call's p99 went from 11 ms to 25.6 ms; at nice 19, 16.9 ms (2 cores, RESULTS.md).
-MAIN_LANE_NICE = 5
-LONG_LANE_NICE = 19
-
-
-def lower_thread_priority(nice: int) -> None:
-    """Run the calling thread, and the threads it creates from now on (Linux threads inherit their creator's nice
-    value: ONNX Runtime starts a session's thread pool in the session's constructor), at CPU priority ``nice``."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
-    except (AttributeError, OSError) as e:  # not Linux, or not allowed: the lanes still work, without priorities
-        log.warning("could not lower the priority of %s (%s)", threading.current_thread().name, e)
-
-
-def model_worker(lane: str = "main", instance: int = 0) -> ThreadPoolExecutor:
-    """A lane's one-thread executor (for its engine ``instance``), at that lane's CPU priority: build the engine on
-    it (so the engine's own threads inherit the priority), then hand it to the lane's :class:`Batcher`."""
-    nice = MAIN_LANE_NICE if lane == "main" else LONG_LANE_NICE
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"bertzoo-{lane}{instance or ''}",
-                              initializer=lower_thread_priority, initargs=(nice,))
 
 
 @dataclass(eq=False)

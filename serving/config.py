@@ -54,6 +54,9 @@ class ServeConfig:
     # running batches side by side (Triton's instance groups). On few cores, two single-threaded instances beat one
     # two-threaded one on the server's small batches: no waiting for each other inside an operator (RESULTS.md).
     instances: int = 1
+    # With several instances whose threads add up to every usable core, each instance runs on cores of its own (the
+    # event loop on any): 4-7% more sentences/s on 2 cores (serving/workers.py, RESULTS.md). Off: any core.
+    pin_instances: bool = True
     # ORT worker threads spin between ops when on. Off by default: a server shares its cores with gRPC, the event loop
     # and the tokenizer, and spinning threads starve them (measured: +28% throughput with it off, RESULTS.md).
     ort_spinning: bool = False

@@ -28,7 +28,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from .batcher import Batcher, model_worker
+from .batcher import Batcher
 from .config import BatchSettings, ServeConfig
 from .engine import EMBED, EngineRunner, padded_width
 from .interceptors import BearerTokenInterceptor, MalformedRequestInterceptor
@@ -37,6 +37,7 @@ from .model import ServedModel, load_served_model, release_freed_memory, runtime
 from .proto import SERVICE_NAME, pb2_grpc
 from .servicer import BertzooServicer
 from .tasks_service import TaskService
+from .workers import instance_cores, model_worker
 
 log = logging.getLogger("bertzoo.serving")
 
@@ -126,9 +127,14 @@ class BertzooServer:
         """Load and warm up the model (on a thread: the event loop keeps answering health), then report SERVING."""
         assert self._health is not None, "start() first"
         config = self.config
-        # Loaded on the main lane's worker thread, whose CPU priority the engine's threads inherit.
+        # Loaded on the main lane's worker thread, whose CPU priority (and cores) the engine's threads inherit.
         loop = asyncio.get_running_loop()
-        main_worker = model_worker("main")
+        cores = [instance_cores(k, config.instances, config.engine_threads) if config.pin_instances else None
+                 for k in range(config.instances)]
+        if cores[0] is not None:
+            log.info("engine instances on cores of their own: %s",
+                     ", ".join(f"{k} on {','.join(map(str, sorted(c)))}" for k, c in enumerate(cores) if c))
+        main_worker = model_worker("main", 0, cores[0])
         try:
             served = await loop.run_in_executor(main_worker, self._loader, config)
             if config.warmup:
@@ -143,7 +149,7 @@ class BertzooServer:
         more_instances = []
         for instance in range(1, config.instances):  # more main-lane engines (config checked they can be rebuilt)
             assert served.spare_backend is not None
-            worker = model_worker("main", instance)
+            worker = model_worker("main", instance, cores[instance])
             engine = await loop.run_in_executor(worker, served.spare_backend)
             if config.warmup:
                 await loop.run_in_executor(worker, warm_up, served, engine)

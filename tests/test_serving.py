@@ -311,6 +311,28 @@ def test_two_engine_instances_answer_as_one(tiny_artifact, reference):
     assert [a.label for a in answers] == [e.label for e in expected]
 
 
+@pytest.mark.parametrize("pin", [True, False])
+def test_engine_instances_run_on_cores_of_their_own(tiny_artifact, pin):
+    """--instances 2 with threads that share out every usable core: each instance's worker on its half of them (with
+    --no-pin-instances, both anywhere); the long lane's worker anywhere."""
+    import os
+    import threading
+
+    from bertzoo.serving.workers import usable_cores
+
+    cores = usable_cores()
+    if not hasattr(os, "sched_getaffinity") or len(cores) < 2 or len(cores) % 2:
+        pytest.skip("needs Linux CPU affinity and an even number of usable cores")
+    _, artifact = tiny_artifact
+    with ServerThread(serve_config(artifact, instances=2, threads=len(cores), pin_instances=pin)):
+        placed = {t.name: os.sched_getaffinity(t.native_id) for t in threading.enumerate()
+                  if t.name.startswith(("bertzoo-main", "bertzoo-long"))}
+    half = len(cores) // 2
+    expected = ({"bertzoo-main_0": set(cores[:half]), "bertzoo-main1_0": set(cores[half:])} if pin else
+                {"bertzoo-main_0": set(cores), "bertzoo-main1_0": set(cores)})
+    assert placed == {**expected, "bertzoo-long_0": set(cores)}
+
+
 def test_instances_are_for_the_cpu_engines(tiny_artifact):
     _, artifact = tiny_artifact
     with pytest.raises(ValueError, match="instances > 1 is for the CPU engines"):

@@ -139,7 +139,7 @@ def test_a_full_batch_is_cut_while_the_worker_is_busy_so_two_batches_are_in_flig
 def test_with_every_instance_busy_the_next_batch_is_cut_ahead_and_run_by_the_first_to_finish():
     """With two instances, one waiting item is cut into a batch at once while both run (one instance keeps
     collecting: the test above); only one batch is cut ahead, and it runs when either instance finishes."""
-    from bertzoo.serving.batcher import model_worker
+    from bertzoo.serving.workers import model_worker
 
     first, second = Runner(), Runner()
 
@@ -270,7 +270,7 @@ def test_close_finishes_queued_requests_before_stopping():
 def test_two_engine_instances_run_two_batches_side_by_side():
     """With a second instance, a request arriving while the first instance is held runs at once on the second,
     instead of waiting; each instance runs on its own worker thread."""
-    from bertzoo.serving.batcher import model_worker
+    from bertzoo.serving.workers import model_worker
 
     first, second = Runner(), Runner()
     threads: dict[str, set[str]] = {"first": set(), "second": set()}
