@@ -129,11 +129,11 @@ class BertzooServer:
         config = self.config
         # Loaded on the main lane's worker thread, whose CPU priority (and cores) the engine's threads inherit.
         loop = asyncio.get_running_loop()
-        cores = [instance_cores(k, config.instances, config.engine_threads) if config.pin_instances else None
-                 for k in range(config.instances)]
+        cores = (instance_cores(config.instances, config.engine_threads) if config.pin_instances
+                 else [None] * config.instances)
         if cores[0] is not None:
             log.info("engine instances on cores of their own: %s",
-                     ", ".join(f"{k} on {','.join(map(str, sorted(c)))}" for k, c in enumerate(cores) if c))
+                     ", ".join(f"{k} on {','.join(map(str, sorted(c)))}" for k, c in enumerate(cores)))
         main_worker = model_worker("main", 0, cores[0])
         try:
             served = await loop.run_in_executor(main_worker, self._loader, config)

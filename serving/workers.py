@@ -35,16 +35,16 @@ def usable_cores() -> list[int]:
         return []
 
 
-def instance_cores(instance: int, instances: int, threads: int | None) -> frozenset[int] | None:
-    """The cores of main-lane engine ``instance`` (of ``instances``, each on ``threads`` intra-op threads): its own
-    run of ``threads`` usable cores, where the instances' threads add up to exactly the usable cores. None (any
-    core) otherwise: one instance, threads that leave cores to something else, or more threads than cores (a
-    container whose CPU limit is a quota sees every core of its node, and placing engines there would pile every
-    replica's onto the same first cores)."""
+def instance_cores(instances: int, threads: int | None) -> list[frozenset[int] | None]:
+    """The cores of each main-lane engine instance (``instances`` of them, each on ``threads`` intra-op threads): its
+    own run of ``threads`` usable cores, where the instances' threads add up to exactly the usable cores. None for
+    every instance (any core) otherwise: one instance, threads that leave cores to something else, or more threads
+    than cores (a container whose CPU limit is a quota sees every core of its node, and placing engines there would
+    pile every replica's onto the same first cores)."""
     cores = usable_cores()
     if instances < 2 or threads is None or instances * threads != len(cores):
-        return None
-    return frozenset(cores[instance * threads:(instance + 1) * threads])
+        return [None] * instances
+    return [frozenset(cores[k * threads:(k + 1) * threads]) for k in range(instances)]
 
 
 def place_thread(nice: int, cores: frozenset[int] | None = None) -> None:

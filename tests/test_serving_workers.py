@@ -27,7 +27,7 @@ linux_affinity = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(
 def test_instances_get_cores_of_their_own_only_where_they_cover_every_usable_core(monkeypatch, usable, instances,
                                                                                  threads, expected):
     monkeypatch.setattr(workers, "usable_cores", lambda: usable)
-    got = [instance_cores(k, instances, threads) for k in range(instances)]
+    got = instance_cores(instances, threads)
     assert got == [None if e is None else frozenset(e) for e in expected]
 
 
