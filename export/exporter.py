@@ -127,6 +127,11 @@ def _export_into(work: Path, out: Path, model, train_config: TrainConfig, tokeni
         if options.int8 and options.triton:
             reports["padded_int8"] = ort_tools.quantize_int8(work / padded, work / "encoder.padded.int8.onnx",
                                                              options.per_channel)
+            if enc.attention != "sparsegen_lin":  # baking would inline the SparsegenLin op, which Triton may load
+                # Triton loads it at ONNX Runtime's basic level (triton_repo), which alone would not fuse the int8
+                # MatMuls: they are fused here, once.
+                reports["padded_int8"]["baked"] = ort_tools.bake_cpu_graph(work / "encoder.padded.int8.onnx",
+                                                                           work / "encoder.padded.int8.onnx")
             graphs["encoder"]["files"]["padded_int8"] = "encoder.padded.int8.onnx"
 
     splits = _parity_splits(train_config, options)

@@ -4,6 +4,9 @@
   embedding and bias fusions, where our graph's patterns match them). The report lists what fused.
 - ``quantize_int8``: dynamic int8 quantization of the MatMul weights (``quantize_dynamic``); per-channel scales by
   default, since they keep accuracy better for small 384-wide models at no speed cost on CPU.
+- ``bake_cpu_graph``: ONNX Runtime's own load-time optimizations, applied once at export and saved, for a graph that
+  another program's ONNX Runtime loads at its basic level (Triton's onnxruntime backend, ``level: -1``): the int8
+  MatMul fusions are kept, the fusions whose CPU kernels are slower (``SLOW_CPU_FUSIONS``) are not made.
 
 Both write to a temporary file and rename, so a crash never leaves half a graph behind. Accuracy is not assumed:
 ``export/parity.py`` measures every variant before it goes into the manifest.
@@ -48,3 +51,34 @@ def quantize_int8(src: Path, dst: Path, per_channel: bool = True) -> dict:
     os.replace(tmp, dst)
     log.info("quantized %s -> %s (int8 weights, per_channel=%s)", src.name, dst.name, per_channel)
     return {"weight_type": "QInt8", "per_channel": per_channel, "op_types": ["MatMul"], "source": src.name}
+
+
+def bake_cpu_graph(src: Path, dst: Path) -> dict:
+    """``src`` as ONNX Runtime's CPU execution provider optimizes it at the extended level, less ``SLOW_CPU_FUSIONS``,
+    saved to ``dst``; returns {"ops": {op: count} of the fused ops it holds, "disabled": [...]}.
+
+    The extended level is portable across CPUs (the hardware-specific layouts are the level above it), and the saved
+    graph keeps only the opset imports its nodes use, so an older ONNX Runtime does not refuse a domain it lacks."""
+    import onnxruntime as ort
+
+    from bertzoo.serving.backends.ort import SLOW_CPU_FUSIONS
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    options.optimized_model_filepath = str(tmp)
+    ort.InferenceSession(str(src), options, providers=["CPUExecutionProvider"],
+                         disabled_optimizers=list(SLOW_CPU_FUSIONS))
+    model = onnx.load(str(tmp))
+    used = {node.domain for node in model.graph.node} | {""}
+    kept = [o for o in model.opset_import if o.domain in used]
+    del model.opset_import[:]
+    model.opset_import.extend(kept)
+    onnx.save(model, str(tmp))
+    os.replace(tmp, dst)
+    ops = {}
+    for node in model.graph.node:
+        if node.domain == "com.microsoft":
+            ops[node.op_type] = ops.get(node.op_type, 0) + 1
+    log.info("baked %s for CPU: %s", dst.name, ops or "no fused ops")
+    return {"ops": ops, "disabled": list(SLOW_CPU_FUSIONS), "level": "extended"}

@@ -11,6 +11,12 @@ Layout (https://docs.nvidia.com/deeplearning/triton-inference-server/user-guide/
 The encoder models are the artifact's padded graphs (``encoder.padded.onnx``, ``encoder.padded.int8.onnx``), not
 the packed ``encoder.onnx`` bertzoo's own server runs: Triton batches requests along a leading batch axis.
 
+An encoder served on the CPU is loaded at ONNX Runtime's basic optimization level (``optimization { graph { level:
+-1 } }``): every level above it makes fusions whose CPU kernels are slower than the ops they replace on the padded
+graphs (fp32 1.07-1.09x and int8 1.23-1.29x faster without them, benchmarks/RESULTS.md).
+``encoder.padded.int8.onnx`` is written with ONNX Runtime's other load-time fusions already applied
+(``ort_tools.bake_cpu_graph``), so it loses nothing.
+
 Each model gets dynamic batching (no added queue delay by default, like our own batcher) and an instance group. Every
 graph's first axis is its batch axis, which Triton's dims leave out; the other axes are -1 where the graph's are
 symbolic (sequence length: a client sends each batch padded to its own longest sequence, or to a length bucket). A
@@ -59,8 +65,9 @@ def _tensor_entries(values, skip_batch: bool) -> list[str]:
 
 
 def model_config(name: str, graph: onnx.ModelProto, backend: str, max_batch_size: int, instances: int, kind: str,
-                 max_queue_delay_us: int) -> str:
-    """config.pbtxt text for one graph."""
+                 max_queue_delay_us: int, basic_optimizations: bool = False) -> str:
+    """config.pbtxt text for one graph; ``basic_optimizations``: ONNX Runtime loads it at its basic level
+    (``level: -1``) rather than with every optimization."""
     inputs = ",\n".join(_tensor_entries(graph.graph.input, skip_batch=True))
     outputs = ",\n".join(_tensor_entries(graph.graph.output, skip_batch=True))
     return (
@@ -68,6 +75,7 @@ def model_config(name: str, graph: onnx.ModelProto, backend: str, max_batch_size
         f"input [\n{inputs}\n]\noutput [\n{outputs}\n]\n"
         f"dynamic_batching {{ max_queue_delay_microseconds: {max_queue_delay_us} }}\n"
         f"instance_group [ {{ count: {instances}, kind: {kind} }} ]\n"
+        + ("optimization { graph { level: -1 } }\n" if basic_optimizations else "")
     )
 
 
@@ -124,7 +132,11 @@ def write_repository(artifact_dir: Path, graphs: dict[str, str], engine: Path | 
         else:
             backend = "onnxruntime"
             _place(artifact_dir / file, root / name / "1" / "model.onnx")
+        # An encoder on ONNX Runtime's CPU provider loads at the basic level: the extended level's SkipLayerNorm and
+        # BiasGelu fusions, which Triton's config cannot turn off alone, have slower CPU kernels than the ops they
+        # fuse (serving.backends.ort.SLOW_CPU_FUSIONS); the int8 graph comes with its MatMul fusions baked in.
+        basic = key.startswith("encoder") and backend == "onnxruntime" and kind == "KIND_CPU"
         (root / name / "config.pbtxt").write_text(
-            model_config(name, graph, backend, max_batch_size, instances, kind, max_queue_delay_us))
+            model_config(name, graph, backend, max_batch_size, instances, kind, max_queue_delay_us, basic))
         written[name] = backend
     return written

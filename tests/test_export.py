@@ -167,6 +167,47 @@ def triton_model_config():
 TRITON_TYPES = {onnx.TensorProto.FLOAT: "TYPE_FP32", onnx.TensorProto.INT64: "TYPE_INT64"}
 
 
+def _ops_as_loaded(path: Path, disabled: list[str]) -> dict[str, int]:
+    """Op counts of ``path`` as ONNX Runtime's CPU provider optimizes it at load, with ``disabled`` optimizers off."""
+    import collections
+
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(path.with_name(f"{path.name}.as-loaded.onnx"))
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
+    return collections.Counter(n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node)
+
+
+def test_padded_graphs_run_on_cpu_without_the_slow_fusions(exported, tmp_path):
+    """ONNX Runtime would fuse the padded encoders' residual adds into SkipLayerNormalization, whose CPU kernel is
+    slower than what it replaces: our CPU sessions turn that off by name, and the int8 graph for Triton (loaded there
+    at the basic level) is written with ONNX Runtime's other fusions made and that one not."""
+    import shutil
+
+    from bertzoo.serving.backends.ort import disabled_fusions
+
+    attention, _, artifact = exported
+    plain = tmp_path / "encoder.padded.onnx"
+    shutil.copyfile(artifact / "encoder.padded.onnx", plain)
+    assert _ops_as_loaded(plain, [])["SkipLayerNormalization"] > 0  # the fusion matches this graph unless told not to
+    assert _ops_as_loaded(plain, disabled_fusions("cpu"))["SkipLayerNormalization"] == 0
+    assert disabled_fusions("cuda") == []  # on a GPU the fused kernels are the fast ones
+
+    baked = onnx.load(str(artifact / "encoder.padded.int8.onnx"))
+    ops = {n.op_type for n in baked.graph.node}
+    report = load_manifest(artifact)["reports"]["padded_int8"]
+    if attention == "sparsegen_lin":  # left as quantized: baking would inline the SparsegenLin op Triton may load
+        assert "baked" not in report and OP_TYPE in ops
+        return
+    assert "SkipLayerNormalization" not in ops and "BiasGelu" not in ops, ops
+    assert {"DynamicQuantizeMatMul", "MatMulIntegerToFloat"} & ops, ops  # the int8 MatMul fusions Triton would skip
+    assert {o.domain for o in baked.opset_import} <= {"", "com.microsoft"}  # no import an older ORT could refuse
+    fused = [n.op_type for n in baked.graph.node if n.domain == "com.microsoft"]
+    assert report["baked"]["ops"] == {op: fused.count(op) for op in set(fused)}
+
+
 def test_triton_repository_passes_the_rules_of_tritons_loader(exported):
     from google.protobuf import text_format
 
@@ -183,6 +224,8 @@ def test_triton_repository_passes_the_rules_of_tritons_loader(exported):
     for name in names[1:]:
         config = text_format.Parse((root / name / "config.pbtxt").read_text(), mc.ModelConfig())
         assert config.name == name and config.backend == "onnxruntime"
+        # The encoders load at ONNX Runtime's basic level, without its slow CPU fusions; the heads with everything.
+        assert config.optimization.graph.level == (-1 if name.startswith("bertzoo_encoder") else 0), name
         assert config.max_batch_size > 0 and config.HasField("dynamic_batching") and config.instance_group
         graph = onnx.load(str(root / name / "1" / "model.onnx"), load_external_data=False)
         for declared, actual in ((config.input, graph.graph.input), (config.output, graph.graph.output)):

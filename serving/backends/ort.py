@@ -35,6 +35,19 @@ def session_options(threads: int | None = None, spinning: bool = False):
     return options
 
 
+# Fusions ONNX Runtime makes when it loads a graph on a [batch, seq, hidden] grid (the padded encoders; the packed
+# one never matches them) whose CPU kernels cost more than the ops they replace: SkipLayerNormalization took 3.8x the
+# time of its LayerNormalization and residual Add in the int8 encoder, BiasGelu ~1.5x its Gelu, and the padded int8
+# encoder ran 1.23-1.29x faster without both (ORT 1.32, benchmarks/RESULTS.md). CPU sessions are made without them; on a
+# GPU they stay.
+SLOW_CPU_FUSIONS = ("SkipLayerNormFusion", "BiasGeluFusion")
+
+
+def disabled_fusions(device: str) -> list[str]:
+    """The ``disabled_optimizers`` of a session on ``device``."""
+    return list(SLOW_CPU_FUSIONS) if device == "cpu" else []
+
+
 # ONNX Runtime's CPU arena keeps the largest block a batch ever needed. A batch bigger than this (rows x width^2:
 # attention's share of the memory) gives its blocks back when it ends, so one worst-case input cannot leave the
 # server holding gigabytes. 64 x 96^2 covers full batches of sentences up to 96 tokens and 4 QA windows of 384; giving
@@ -155,7 +168,8 @@ class OnnxRuntimeBackend:
         models, self.native_sparsegen = ort_kernel.prepare(
             {name: onnx.load(str(directory / file)) for name, file in files.items()}, options,
             provider_names(providers), sparsegen)
-        sessions = {name: ort.InferenceSession(model.SerializeToString(), sess_options=options, providers=providers)
+        sessions = {name: ort.InferenceSession(model.SerializeToString(), sess_options=options, providers=providers,
+                                               disabled_optimizers=disabled_fusions(device))
                     for name, model in models.items()}
         self._encoder = sessions.pop("encoder", None)
         self._encoder_inputs = [i.name for i in self._encoder.get_inputs()] if self._encoder else []
