@@ -14,6 +14,7 @@ Both write to a temporary file and rename, so a crash never leaves half a graph 
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 from pathlib import Path
@@ -55,7 +56,7 @@ def quantize_int8(src: Path, dst: Path, per_channel: bool = True) -> dict:
 
 def bake_cpu_graph(src: Path, dst: Path) -> dict:
     """``src`` as ONNX Runtime's CPU execution provider optimizes it at the extended level, less ``SLOW_CPU_FUSIONS``,
-    saved to ``dst``; returns {"ops": {op: count} of the fused ops it holds, "disabled": [...]}.
+    saved to ``dst``; returns {"ops": {op: count} of the ONNX Runtime ops it holds, "disabled": [...], "level"}.
 
     The extended level is portable across CPUs (the hardware-specific layouts are the level above it), and the saved
     graph keeps only the opset imports its nodes use, so an older ONNX Runtime does not refuse a domain it lacks."""
@@ -76,9 +77,6 @@ def bake_cpu_graph(src: Path, dst: Path) -> dict:
     model.opset_import.extend(kept)
     onnx.save(model, str(tmp))
     os.replace(tmp, dst)
-    ops = {}
-    for node in model.graph.node:
-        if node.domain == "com.microsoft":
-            ops[node.op_type] = ops.get(node.op_type, 0) + 1
+    ops = dict(collections.Counter(node.op_type for node in model.graph.node if node.domain == "com.microsoft"))
     log.info("baked %s for CPU: %s", dst.name, ops or "no fused ops")
     return {"ops": ops, "disabled": list(SLOW_CPU_FUSIONS), "level": "extended"}
