@@ -282,15 +282,24 @@ def test_a_missed_parity_gate_fails_the_export_and_leaves_nothing(exported, monk
     attention, run, _ = exported
     if attention != "softmax":
         pytest.skip(ONE_ENCODER)
+    real_fp32 = parity.BOUNDS["fp32"]
     monkeypatch.setitem(parity.BOUNDS, "fp32", parity.Bounds(tensor_max_abs=0.0, same_class=1.0, pearson_delta=0.0,
                                                             f1_delta=0.0))
     out = tmp_path / "art"
-    with pytest.raises(ExportError, match="fp32 parity failed: encoder max abs diff"):
+    with pytest.raises(ExportError, match="fp32 parity failed: encoder max abs diff.*a bug in bertzoo"):
         export_checkpoint(run, out, ExportOptions(parity_limit=8))
     assert not out.exists()
     report = json.loads((tmp_path / "art.parity-failed.json").read_text())
     assert report["fp32"]["passed"] is False
     assert [p.name for p in tmp_path.iterdir()] == ["art.parity-failed.json"]  # no half-written directory left
+
+    # A variant the user asked for says which option to drop.
+    monkeypatch.setitem(parity.BOUNDS, "fp32", real_fp32)
+    monkeypatch.setitem(parity.BOUNDS, "int8", parity.Bounds(tensor_max_abs=0.0, same_class=1.0, pearson_delta=0.0,
+                                                            f1_delta=0.0))
+    with pytest.raises(ExportError, match="int8 parity failed.*export without --int8; nothing was written to"):
+        export_checkpoint(run, out, ExportOptions(int8=True, parity_limit=8))
+    assert not out.exists()
 
     monkeypatch.undo()  # the real bounds: the export passes, and the stale report of the failed attempt goes
     export_checkpoint(run, out, ExportOptions(parity_limit=8))
