@@ -116,6 +116,33 @@ def test_the_load_generator_drives_streams(served):
     assert summary["ok"] == 20 and summary["errors"] == {} and summary["stream"] is True
 
 
+def test_each_load_client_has_a_connection_of_its_own():
+    """N clients of the load generator are N TCP connections, as N users (and an HTTP peer's load) would be."""
+    from bertzoo.serving.proto import pb2_grpc
+
+    peers = set()
+
+    class PeerRecorder(pb2_grpc.BertzooServicer):
+        async def Sentiment(self, request, context):
+            peers.add(context.peer())  # "ipv4:127.0.0.1:<the client's port>": one per connection
+            return pb2.SentimentResponse()
+
+    async def load() -> dict:
+        server = grpc.aio.server()
+        pb2_grpc.add_BertzooServicer_to_server(PeerRecorder(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            report = await run_load(f"127.0.0.1:{port}", "sentiment", ["a fine film"], concurrency=4, duration=None,
+                                    requests=40)
+            return report.summary()
+        finally:
+            await server.stop(None)
+
+    assert asyncio.run(load())["ok"] == 40
+    assert len(peers) == 4
+
+
 class SlowService:
     """A TaskService stand-in whose sentiment answers when the test says so, counting the requests it holds."""
 
