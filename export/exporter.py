@@ -26,18 +26,17 @@ from . import onnx_graphs, ort_tools, parity
 log = logging.getLogger("bertzoo.export")
 
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 384)
+DEFAULT_BATCH_SIZES = (1, 8, 32, 64)
 
 # What to do when a variant misses its parity gate. int8 moves some models' states further than its bounds allow (an
-# SSAF model trained on the bundled samples: 3.5x a softmax one's median change, benchmarks/RESULTS.md); the fp32
-# graph missing is the export's fault.
+# SSAF model trained on the bundled samples: 3.5x a softmax one's median change, benchmarks/RESULTS.md); an fp32
+# graph that misses is the export's fault.
 PARITY_ADVICE = {
     "int8": "int8 moves this model's outputs past its bounds: export without --int8",
     "optimized": "ONNX Runtime's fusions move this model's outputs past its bounds: export without --optimize",
     "fp32": "the exported graph does not reproduce the model, which is a bug in bertzoo: please report it, with the "
             "full report",
 }
-
-DEFAULT_BATCH_SIZES = (1, 8, 32, 64)
 
 
 @dataclass
@@ -157,7 +156,7 @@ def _export_into(work: Path, out: Path, model, train_config: TrainConfig, tokeni
         except parity.ParityError as e:
             failed = out.with_name(f"{out.name}.parity-failed.json")
             write_json_atomic(failed, {**parity_reports, variant: e.report})
-            raise ExportError(f"{e}; {PARITY_ADVICE.get(variant.removeprefix('padded_'), PARITY_ADVICE['fp32'])}; "
+            raise ExportError(f"{e}; {PARITY_ADVICE[variant.removeprefix('padded_')]}; "
                               f"nothing was written to {out} (full report: {failed})") from e
         log.info("parity %s: passed (encoder max abs diff %.2e)", variant,
                  parity_reports[variant]["tensor_max_abs"]["encoder"])
