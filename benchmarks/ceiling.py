@@ -65,7 +65,7 @@ def encoder_flops(shapes: list[tuple[int, int]], layers: int, hidden: int, ffn: 
 
 def in_process_rates(artifact: str, engine: str, engine_args: dict, sentences: list[str], threads: int,
                      tasks: tuple[str, ...] = ("sentiment", "embed"),
-                     batch_sizes: tuple[int, ...] = (16, 64)) -> dict[tuple[str, str], dict]:
+                     batch_sizes: tuple[int, ...] = (16, 64), only: str | None = None) -> dict[tuple[str, str], dict]:
     """The in-process ceiling's candidates: sentences per second of the server's own batch computation
     (``serving.engine.run_batch``: the encoder, then the task's head or the pooling) on every sentence in
     length-sorted batches, no transport and no queue, under each setting that could be the fastest on these cores.
@@ -74,7 +74,8 @@ def in_process_rates(artifact: str, engine: str, engine_args: dict, sentences: l
     side (what ``--instances`` does); batches of each of ``batch_sizes`` rows (smaller ones can be faster on a CPU:
     their activations stay in cache); rows padded to the batch's longest, or as the server pads them (rounded up to a
     multiple of 8); for ONNX Runtime its thread spinning on and off. Each rate is the best of two passes: one pass is
-    a few seconds, and the machine is shared. The ceiling is the best of them all."""
+    a few seconds, and the machine is shared. The ceiling is the best of them all. ``only``: measure just the setting of
+    that name (a key's second half), as chosen by an earlier call."""
     from concurrent import futures
 
     from bertzoo.artifact import load_manifest
@@ -120,14 +121,19 @@ def in_process_rates(artifact: str, engine: str, engine_args: dict, sentences: l
     for spinning in ([True, False] if engine == "onnxruntime" else [None]):
         extra = {} if spinning is None else {"spinning": spinning}
         for instances in sorted({1, threads}):
+            named = [(rows, padding, f"{instances} engine(s), batches of {rows}, {padding}" + (
+                "" if spinning is None else f", spinning {'on' if spinning else 'off'}"))
+                for rows in batch_sizes for padding in paddings]
+            wanted = [(rows, padding, setting) for rows, padding, setting in named if only in (None, setting)]
+            if not wanted:
+                continue
             backends = [create_backend(engine, artifact, threads=max(1, threads // instances), manifest=manifest,
                                        **engine_args, **extra) for _ in range(instances)]
             for task in tasks:
-                for rows in batch_sizes:
-                    for padding, pad in paddings.items():
-                        setting = f"{instances} engine(s), batches of {rows}, {padding}" + (
-                            "" if spinning is None else f", spinning {'on' if spinning else 'off'}")
-                        found[(task, setting)] = {"rate": rate(backends, task, pad, rows),
-                                                  "padding_efficiency": efficiency[(rows, padding)],
-                                                  "as_served": padding == "padded as the server pads"}
+                for rows, padding, setting in wanted:
+                    found[(task, setting)] = {"rate": rate(backends, task, paddings[padding], rows),
+                                              "padding_efficiency": efficiency[(rows, padding)],
+                                              "as_served": padding == "padded as the server pads"}
+    if not found:
+        raise ValueError(f"no setting named {only!r}")
     return found

@@ -228,28 +228,40 @@ def start_infinity(venv: str, models: str, engine: str, folder: str) -> tuple[su
     return process, port, model
 
 
-def infinity_rows(venv: str, models: str, sentences: list[str], concurrency: int, duration: float) -> dict:
-    """infinity-emb at each CPU engine: started on loopback, warmed up, then the HTTP closed loop."""
+def infinity_row(venv: str, models: str, engine: str, folder: str, texts: str, concurrency: int,
+                 duration: float) -> dict:
+    """infinity-emb at one CPU engine, started on loopback and warmed up, under the HTTP closed loop (sentences: the
+    lines of the file ``texts``)."""
     python, load = str(Path(venv) / "bin" / "python"), str(Path(__file__).parent / "peers" / "http_load.py")
+    process, port, model = start_infinity(venv, models, engine, folder)
+    try:
+        command = [python, load, f"http://127.0.0.1:{port}/embeddings", model, texts, "--concurrency", str(concurrency)]
+        subprocess.run([*command, "--duration", "3"], check=True, capture_output=True)  # warm-up
+        server0, t0 = cpu_seconds(process.pid), time.perf_counter()
+        out = subprocess.run([*command, "--duration", str(duration)], check=True, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        summary = json.loads(out.stdout)
+        return {**summary, "server_cores": (cpu_seconds(process.pid) - server0) / wall,
+                "load_generator_cores": summary["load_generator_cpu_s"] / wall,
+                "peak_rss_mb": memory_mb(process.pid)["VmHWM"]}
+    finally:
+        stop(process)
+
+
+def sentences_file(sentences: list[str]):
+    """A temporary file of the sentences one per line, for the peer's load generator; delete it when done."""
+    texts = tempfile.NamedTemporaryFile("w", suffix=".txt")  # noqa: SIM115 (the caller's context)
+    texts.write("\n".join(s.replace("\n", " ") for s in sentences))
+    texts.flush()
+    return texts
+
+
+def infinity_rows(venv: str, models: str, sentences: list[str], concurrency: int, duration: float) -> dict:
+    """infinity-emb at each of its CPU engines in turn."""
     rows = {}
-    with tempfile.NamedTemporaryFile("w", suffix=".txt") as texts:
-        texts.write("\n".join(s.replace("\n", " ") for s in sentences))
-        texts.flush()
+    with sentences_file(sentences) as texts:
         for name, (engine, folder) in INFINITY_ENGINES.items():
-            process, port, model = start_infinity(venv, models, engine, folder)
-            try:
-                url = f"http://127.0.0.1:{port}/embeddings"
-                command = [python, load, url, model, texts.name, "--concurrency", str(concurrency)]
-                subprocess.run([*command, "--duration", "3"], check=True, capture_output=True)  # warm-up
-                server0, t0 = cpu_seconds(process.pid), time.perf_counter()
-                out = subprocess.run([*command, "--duration", str(duration)], check=True, capture_output=True, text=True)
-                wall = time.perf_counter() - t0
-                summary = json.loads(out.stdout)
-                rows[name] = {**summary, "server_cores": (cpu_seconds(process.pid) - server0) / wall,
-                              "load_generator_cores": summary["load_generator_cpu_s"] / wall,
-                              "peak_rss_mb": memory_mb(process.pid)["VmHWM"]}
-            finally:
-                stop(process)
+            rows[name] = infinity_row(venv, models, engine, folder, texts.name, concurrency, duration)
             print(f"{name}: {rows[name]['items_per_s']:.1f} sentences/s", flush=True)
     return rows
 

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from intervals import difference_ci, mean_ci
 
 from bertzoo.atomic import atomic_write_text
 
@@ -133,17 +134,6 @@ CLAIMS: dict[str, Claim] = {
     "bf16_sst5": Claim("-", "bf16 autocast on the CPU trains SST-5 as well as fp32", _SST5,
                        {"baseline": (), "bf16": ("--precision", "bf16")}, (("sentiment", "accuracy"),)),
 }
-# t quantiles (0.975) by degrees of freedom, for the 95% intervals of a handful of seeds.
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
-
-
-def t975(df: float) -> float:
-    if df >= 30:
-        return 1.96
-    lower = max(1, math.floor(df))
-    return T975.get(lower, 2.2)  # rounding df down keeps the interval on the wide (honest) side
-
-
 def final_dev(result: Path) -> dict | None:
     """The dev metrics of a finished run (written once ``bertzoo train`` exited cleanly), else None."""
     return json.loads(result.read_text()) if result.is_file() else None
@@ -230,24 +220,6 @@ def twin_result(results: Path, name: str, arm: str, seed: int) -> Path | None:
                     and final_dev(twin) is not None):
                 return twin
     return None
-
-
-def mean_ci(values: list[float]) -> tuple[float, float, float]:
-    """Mean, sample variance, half-width of the 95% t-interval."""
-    n = len(values)
-    mean = sum(values) / n
-    var = sum((v - mean) ** 2 for v in values) / (n - 1) if n > 1 else float("nan")
-    return mean, var, t975(n - 1) * math.sqrt(var / n) if n > 1 else float("nan")
-
-
-def difference_ci(a: list[float], b: list[float]) -> tuple[float, float]:
-    """Mean of a - mean of b, and the half-width of its 95% Welch interval."""
-    (ma, va, _), (mb, vb, _) = mean_ci(a), mean_ci(b)
-    se2 = va / len(a) + vb / len(b)
-    if not se2 > 0:
-        return ma - mb, float("nan")
-    df = se2 ** 2 / ((va / len(a)) ** 2 / (len(a) - 1) + (vb / len(b)) ** 2 / (len(b) - 1))
-    return ma - mb, t975(df) * math.sqrt(se2)
 
 
 def report(results: Path, names: list[str]) -> list[str]:

@@ -16,13 +16,14 @@ def zoo_claims():
     return load_benchmark("zoo_claims")
 
 
-def test_mean_and_welch_intervals_match_the_textbook(zoo_claims):
-    mean, var, half = zoo_claims.mean_ci([1.0, 2.0, 3.0])
+def test_mean_and_welch_intervals_match_the_textbook():
+    intervals = load_benchmark("intervals")
+    mean, var, half = intervals.mean_ci([1.0, 2.0, 3.0])
     assert (mean, var) == (2.0, 1.0) and half == pytest.approx(4.303 * math.sqrt(1 / 3))
     # equal variances and sizes: Welch's df = 2 (n - 1) = 4
-    diff, dhalf = zoo_claims.difference_ci([2.0, 3.0, 4.0], [1.0, 2.0, 3.0])
+    diff, dhalf = intervals.difference_ci([2.0, 3.0, 4.0], [1.0, 2.0, 3.0])
     assert diff == 1.0 and dhalf == pytest.approx(2.776 * math.sqrt(2 / 3))
-    assert zoo_claims.t975(2.7) == 4.303  # df rounded down: the wider interval
+    assert intervals.t975(2.7) == 4.303  # df rounded down: the wider interval
 
 
 def write(results: Path, claim: str, arm: str, scores: list[float]) -> None:
