@@ -15,8 +15,12 @@ from bertzoo.datafiles import samples_dir
 
 
 def load_benchmark(name: str):
-    """A script of benchmarks/ (not a package) as a module, registered in sys.modules (dataclasses look it up)."""
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py")
+    """A script of benchmarks/ (not a package) as a module, registered in sys.modules (dataclasses look it up). The
+    folder goes on sys.path, as it does for a script run from there: the scripts import each other."""
+    folder = Path(__file__).resolve().parent.parent / "benchmarks"
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
