@@ -10,11 +10,11 @@ so one run cannot say whether a goal at its line is met. Here:
 
 1. once, to choose: each variant's in-process ceiling over every setting (ceiling.in_process_rates, Embed), whose
    fastest setting is the one measured from then on; infinity-emb at each of its fp32 engines, whose faster is the
-   peer from then on; the fp32 server's saturation for Sentiment, whose half is the tail goal's fixed rate;
+   peer from then on;
 2. ``--rounds`` rounds, the slots in one order and then the reverse, so the machine's drift falls on all of them:
    per variant its ceiling at the chosen setting and `bertzoo serve --instances 2` under ``--concurrency`` closed-loop
-   Embed clients (unary, each its own connection); for fp32 also Sentiment at the half-saturation rate, open loop
-   (p99/p50); the peer under the same load over HTTP.
+   Embed clients (unary, each its own connection); for fp32 then Embed at half of the rate it just served, open loop
+   (p99/p50 at half saturation, in the round's own conditions); the peer under the same closed loop over HTTP.
 
 Per round: each variant's served rate / its ceiling (goal >= 0.85), fp32 served / the peer (goal >= 2), int8 served /
 the peer's fp32 (goal >= 3), and p99/p50 at half saturation (goal <= 3). Printed per round, then per ratio: mean +-
@@ -51,23 +51,23 @@ GOALS = {"of ceiling": (0.85, True), "fp32 / peer": (2.0, True), "int8 / peer": 
          "p99/p50 at half saturation": (3.0, False)}
 
 
-def served(artifact: str, variant: str, task: str, sentences: list[str], args, half_rate: float | None = None) -> dict:
-    """`bertzoo serve` with the variant under the closed loop of ``task``; with ``half_rate`` also Sentiment at that
-    rate, open loop."""
+def served(artifact: str, variant: str, sentences: list[str], args, tail: bool = False) -> dict:
+    """`bertzoo serve` with the variant under the closed loop of Embed; with ``tail``, then Embed at half the rate it
+    served, open loop."""
     port = free_port()
     server = start_bertzoo(artifact, port, *VARIANTS[variant][2], "--threads", str(args.threads), "--instances",
                            str(args.instances))
     try:
-        row = measured_load(server.pid, lambda: closed_loop(port, task, sentences, args.concurrency, args.seconds))
-        if half_rate is not None:
-            row["half_saturation"] = open_loop(port, sentences, half_rate, args.seconds)
+        row = measured_load(server.pid, lambda: closed_loop(port, "embed", sentences, args.concurrency, args.seconds))
+        if tail:
+            row["half_saturation"] = open_loop(port, sentences, row["items_per_s"] / 2, args.seconds, "embed")
         return row
     finally:
         stop(server)
 
 
 def choose(args, sentences: list[str], texts: str) -> dict:
-    """The ceiling's setting per variant, the peer's engine and the half-saturation rate."""
+    """The ceiling's setting per variant, and the peer's engine."""
     chosen: dict = {"settings": {}, "ceiling_grid": {}}
     for variant in args.variants:
         found = in_process_ceiling(args.artifact, variant, sentences, args.threads, tasks=("embed",))["embed"]
@@ -82,10 +82,6 @@ def choose(args, sentences: list[str], texts: str) -> dict:
             print(f"{name}: {peers[name]:.1f}/s", flush=True)
     chosen["peer_trials"] = peers
     chosen["peer"] = max(peers, key=peers.get)
-    saturation = served(args.artifact, "fp32", "sentiment", sentences, args)["items_per_s"]
-    chosen["half_rate"] = saturation / 2
-    print(f"fp32 Sentiment saturation {saturation:.1f}/s: the tail is measured at {chosen['half_rate']:.1f}/s",
-          flush=True)
     return chosen
 
 
@@ -96,7 +92,7 @@ def one_round(slot: str, args, sentences: list[str], texts: str, chosen: dict) -
     engine, engine_args = VARIANTS[slot][:2]
     ceiling = in_process_rates(args.artifact, engine, engine_args, sentences, args.threads, tasks=("embed",),
                                only=chosen["settings"][slot])
-    row = served(args.artifact, slot, "embed", sentences, args, chosen["half_rate"] if slot == "fp32" else None)
+    row = served(args.artifact, slot, sentences, args, tail=slot == "fp32")
     return {**row, "ceiling": next(iter(ceiling.values()))["rate"]}
 
 
@@ -164,7 +160,7 @@ def main() -> None:
                 extra = f", ceiling {s['ceiling']:.1f}/s" if "ceiling" in s else ""
                 if "half_saturation" in s:
                     h = s["half_saturation"]
-                    extra += f", half load p50 {h['p50_ms']:.1f} ms p99 {h['p99_ms']:.1f} ms"
+                    extra += f", at {h['rate']:.1f}/s p50 {h['p50_ms']:.1f} ms p99 {h['p99_ms']:.1f} ms"
                 print(f"round {r} {slot}: {s['items_per_s']:.1f}/s{extra}, server {s['server_cores']:.2f} cores, "
                       f"load generator {s['load_generator_cores']:.2f}", flush=True)
             rounds.append(results)

@@ -128,17 +128,19 @@ def closed_loop(port: int, task: str, items: list, concurrency: int, duration: f
                                 stream=stream)).summary()
 
 
-def open_loop(port: int, sentences: list[str], rate: float, duration: float) -> dict:
-    """Sentiment requests of one sentence each, sent at ``rate`` per second for ``duration`` s whatever the answers
-    (after a 3 s warm-up at the same rate): p50 and p99 of their latency."""
-    asyncio.run(_open_loop(port, sentences, rate, 3))
-    summary = asyncio.run(_open_loop(port, sentences, rate, duration))
+def open_loop(port: int, sentences: list[str], rate: float, duration: float, task: str = "sentiment") -> dict:
+    """Requests of one sentence each (Sentiment, or ``task="embed"`` Embed), sent at ``rate`` per second for
+    ``duration`` s whatever the answers (after a 3 s warm-up at the same rate): p50 and p99 of their latency."""
+    asyncio.run(_open_loop(port, sentences, rate, 3, task))
+    summary = asyncio.run(_open_loop(port, sentences, rate, duration, task))
     return {**summary, "items_per_s": (summary["sent"] - summary["errors"]) / duration}
 
 
-async def _open_loop(port: int, sentences: list[str], rate: float, duration: float) -> dict:
+async def _open_loop(port: int, sentences: list[str], rate: float, duration: float, task: str) -> dict:
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     stub = pb2_grpc.BertzooStub(channel)
+    method, request = {"sentiment": (stub.Sentiment, pb2.SentimentRequest),
+                       "embed": (stub.Embed, pb2.EmbedRequest)}[task]
     latencies: list[float] = []
     errors = 0
 
@@ -146,7 +148,7 @@ async def _open_loop(port: int, sentences: list[str], rate: float, duration: flo
         nonlocal errors
         t0 = time.perf_counter()
         try:
-            await stub.Sentiment(pb2.SentimentRequest(texts=[text]), timeout=30)
+            await method(request(texts=[text]), timeout=30)
             latencies.append(time.perf_counter() - t0)
         except grpc.aio.AioRpcError:
             errors += 1
