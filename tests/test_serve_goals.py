@@ -33,3 +33,10 @@ def test_the_report_counts_rounds_on_the_goals_side_of_its_line(serve_goals, cap
     lines = {line.split(" | ")[0]: line for line in capsys.readouterr().out.splitlines()}
     assert lines["| fp32 of ceiling"].endswith("| >= 0.85 | 2 of 3 |")  # at the line meets it
     assert lines["| p99/p50 at half saturation"].endswith("| <= 3 | 2 of 3 |")  # a tail ratio meets it below
+
+
+def test_each_ratio_is_held_against_its_own_goal(serve_goals):
+    assert serve_goals.goal("optimized of ceiling") == (0.85, True)
+    assert serve_goals.goal("optimized / peer") == (2.0, True)  # fp32 against the peer's fp32
+    assert serve_goals.goal("int8 / peer") == (3.0, True)
+    assert serve_goals.goal("p99/p50 at half saturation") == (3.0, False)
