@@ -92,6 +92,7 @@ def choose(args, sentences: list[str], texts: str) -> dict:
 
 
 def one_round(slot: str, args, sentences: list[str], texts: str, chosen: dict) -> dict:
+    """One slot of a round: the peer, or a variant's ceiling at its chosen setting and then its server."""
     if slot == "peer":
         engine, folder = INFINITY_ENGINES[chosen["peer"]]
         return infinity_row(args.infinity, args.infinity_models, engine, folder, texts, args.concurrency, args.seconds)
