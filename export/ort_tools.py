@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import onnx
@@ -54,9 +55,10 @@ def quantize_int8(src: Path, dst: Path, per_channel: bool = True) -> dict:
     return {"weight_type": "QInt8", "per_channel": per_channel, "op_types": ["MatMul"], "source": src.name}
 
 
-def bake_cpu_graph(src: Path, dst: Path) -> dict:
-    """``src`` as ONNX Runtime's CPU execution provider optimizes it at the extended level, less ``SLOW_CPU_FUSIONS``,
-    saved to ``dst``; returns {"ops": {op: count} of the ONNX Runtime ops it holds, "disabled": [...], "level"}.
+def bake_cpu_graph(src: Path, dst: Path, disabled: Sequence[str] | None = None) -> dict:
+    """``src`` as ONNX Runtime's CPU execution provider optimizes it at the extended level, less the optimizers named
+    in ``disabled`` (default ``SLOW_CPU_FUSIONS``), saved to ``dst``; returns {"ops": {op: count} of the ONNX Runtime
+    ops it holds, "disabled": [...], "level"}.
 
     The extended level is portable across CPUs (the hardware-specific layouts are the level above it), and the saved
     graph keeps only the opset imports its nodes use, so an older ONNX Runtime does not refuse a domain it lacks."""
@@ -64,12 +66,13 @@ def bake_cpu_graph(src: Path, dst: Path) -> dict:
 
     from bertzoo.serving.backends.ort import SLOW_CPU_FUSIONS
 
+    disabled = list(SLOW_CPU_FUSIONS if disabled is None else disabled)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     tmp = dst.with_name(f".{dst.name}.tmp")
     options.optimized_model_filepath = str(tmp)
     ort.InferenceSession(str(src), options, providers=["CPUExecutionProvider"],
-                         disabled_optimizers=list(SLOW_CPU_FUSIONS))
+                         disabled_optimizers=disabled)
     model = onnx.load(str(tmp))
     used = {node.domain for node in model.graph.node} | {""}
     kept = [o for o in model.opset_import if o.domain in used]
@@ -79,4 +82,4 @@ def bake_cpu_graph(src: Path, dst: Path) -> dict:
     os.replace(tmp, dst)
     ops = dict(collections.Counter(node.op_type for node in model.graph.node if node.domain == "com.microsoft"))
     log.info("baked %s for CPU: %s", dst.name, ops or "no fused ops")
-    return {"ops": ops, "disabled": list(SLOW_CPU_FUSIONS), "level": "extended"}
+    return {"ops": ops, "disabled": disabled, "level": "extended"}
