@@ -1,16 +1,27 @@
 """The ``bertzoo`` model of the Triton repository (Triton's Python backend; copied there as ``bertzoo/1/model.py``).
 
-A Triton client sends text and gets each task's answer: TASK (one of sentiment, paraphrase, similarity, qa, embed),
-TEXT_A (the texts, the first sentences of pairs, or the questions) and, for pairs and QA, TEXT_B (second sentences, or
-contexts). ANSWER holds one JSON object per item with the field names of bertzoo's own RPC results. Inside, this
-model tokenizes with bertzoo's tokenizer, calls the repository's encoder and head models through Triton's business
-logic scripting (BLS), and post-processes with ``bertzoo.tasks``: the hidden states move between models inside
-Triton, never over the client's wire, and the encoder and heads keep Triton's dynamic batching across requests.
-Lengths are ragged: each encoder call is padded to its own longest sequence (``bertzoo.pipeline``, the inference path
-``bertzoo eval`` and ``bertzoo serve`` share, so the answers are theirs).
+A Triton client sends text and gets each task's answer. Every input carries one row per item (Triton's batch axis):
+TASK (sentiment, paraphrase, similarity, qa or embed), TEXT_A (the texts, the first sentences of pairs, or the
+questions) and, for pairs and QA, TEXT_B (second sentences, or contexts). ANSWER holds one JSON object per row with the
+field names of bertzoo's own RPC results.
 
-It needs the torch-free ``bertzoo`` package in Triton's Python environment (``pip install bertzoo``). Each request
-gets its own response; a bad request gets an error response and never fails the others.
+Triton's dynamic batcher hands ``execute`` every request that arrived while the instance was busy; their rows are
+grouped by task and each task's rows run as one batch, so one-sentence requests share encoder calls as they do in
+``bertzoo serve``. Tokenization and post-processing are bertzoo's own (``bertzoo.pipeline``, the inference path
+``bertzoo eval`` and ``bertzoo serve`` share, so the answers are theirs). Each request gets its own response: a bad
+request gets an error response and never fails the others.
+
+The ENGINE parameter picks where the encoder and heads run:
+- ``bls`` (default): the repository's own encoder and head models, called through Triton's business logic scripting
+  (BLS) on Triton's onnxruntime (or tensorrt) backend; ENCODER names the encoder model (``bertzoo_encoder_int8`` for
+  the int8 variant). The hidden states move between models inside Triton, never over the client's wire.
+- ``onnxruntime``: the export artifact's graphs run in this model's own process on bertzoo's ONNX Runtime engine, the
+  one ``bertzoo serve`` runs (packed tokens, its CPU settings), for a Triton built without the onnxruntime backend
+  (PyTriton's). ARTIFACT is the artifact's directory (default: the one that holds this repository), VARIANT its
+  encoder (fp32, optimized, int8), THREADS each instance's intra-op threads.
+
+It needs bertzoo in Triton's Python environment (``pip install bertzoo``; with ENGINE ``onnxruntime``,
+``pip install 'bertzoo[serve]'``).
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ from bertzoo.data import PairExample, QAExample, SentenceExample
 from bertzoo.tokenization import Tokenizer
 
 SETTINGS = "bertzoo.json"  # written beside this file: tasks, labels, limits, pooling, graph input and output names
+PAIRED = ("paraphrase", "similarity", "qa")
 
 
 class BLSBackend:
@@ -62,14 +74,26 @@ def _texts(request, name: str) -> list[str] | None:
     return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in tensor.as_numpy().reshape(-1)]
 
 
-def answer(backend: BLSBackend, tokenizer: Tokenizer, settings: dict, task: str, texts_a: list[str],
+def read_rows(request, tasks: tuple[str, ...]) -> list[tuple[str, str, str | None]]:
+    """A request's rows as (task, text_a, text_b); ValueError names the input that is wrong."""
+    task_column, texts_a, texts_b = _texts(request, "TASK") or [], _texts(request, "TEXT_A") or [], _texts(request, "TEXT_B")
+    if len(task_column) not in (1, len(texts_a)):
+        raise ValueError(f"TASK has {len(task_column)} rows and TEXT_A {len(texts_a)}: send one TASK per row")
+    if len(task_column) == 1:
+        task_column = task_column * len(texts_a)
+    for task in set(task_column):
+        if task not in tasks:
+            raise ValueError(f"TASK {task!r}: this model serves {', '.join(tasks)}")
+        if task in PAIRED and (texts_b is None or len(texts_b) != len(texts_a)):
+            raise ValueError(f"TASK {task} needs TEXT_B with one entry per TEXT_A entry")
+    texts_b = texts_b if texts_b is not None and len(texts_b) == len(texts_a) else [None] * len(texts_a)
+    return list(zip(task_column, texts_a, texts_b, strict=True))
+
+
+def answer(backend, tokenizer: Tokenizer, settings: dict, task: str, texts_a: list[str],
            texts_b: list[str] | None) -> list[dict]:
     """One JSON-able result per item, as bertzoo's RPCs answer."""
     limits = T.Limits(**settings["limits"])
-    if task not in (*settings["model"]["tasks"], "embed"):
-        raise ValueError(f"TASK {task!r}: this model serves {', '.join(settings['model']['tasks'])} and embed")
-    if task in ("paraphrase", "similarity", "qa") and (texts_b is None or len(texts_b) != len(texts_a)):
-        raise ValueError(f"TASK {task} needs TEXT_B with one entry per TEXT_A entry")
     if task == "embed":
         from bertzoo.serving.engine import pool_embeddings
 
@@ -87,24 +111,64 @@ def answer(backend: BLSBackend, tokenizer: Tokenizer, settings: dict, task: str,
     return [asdict(r) for r in T.answers(task, outputs, settings["labels"]["sentiment"])]
 
 
+def _parameter(config: dict, name: str, default: str) -> str:
+    return config.get("parameters", {}).get(name, {}).get("string_value", default)
+
+
+def make_backend(settings: dict, repository: Path, config: dict):
+    engine = _parameter(config, "ENGINE", "bls")
+    if engine == "bls":
+        return BLSBackend(settings, _parameter(config, "ENCODER", "bertzoo_encoder"))
+    if engine == "onnxruntime":
+        from bertzoo.serving.backends.ort import OnnxRuntimeBackend
+
+        artifact = (repository / _parameter(config, "ARTIFACT", "../..")).resolve()
+        return OnnxRuntimeBackend(artifact, _parameter(config, "VARIANT", "fp32"),
+                                  threads=int(_parameter(config, "THREADS", "1")))
+    raise ValueError(f"parameter ENGINE {engine!r}: use bls or onnxruntime")
+
+
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        here = Path(args["model_repository"]) / args["model_version"]
+        repository = Path(args["model_repository"])
+        here = repository / args["model_version"]
         self.settings = json.loads((here / SETTINGS).read_text())
         self.tokenizer = Tokenizer.from_file(here / "tokenizer.json")
-        parameters = json.loads(args["model_config"]).get("parameters", {})
-        encoder = parameters.get("ENCODER", {}).get("string_value", "bertzoo_encoder")
-        self.backend = BLSBackend(self.settings, encoder)
+        self.tasks = (*self.settings["model"]["tasks"], "embed")
+        self.backend = make_backend(self.settings, repository, json.loads(args["model_config"]))
+
+    def _answer(self, task: str, rows: list[tuple[str, str, str | None]]) -> list[dict]:
+        return answer(self.backend, self.tokenizer, self.settings, task, [a for _, a, _ in rows],
+                      [b for _, _, b in rows] if task in PAIRED else None)
 
     def execute(self, requests: list) -> list:
-        responses = []
-        for request in requests:
+        rows: list[list | None] = []
+        errors: dict[int, str] = {}
+        for k, request in enumerate(requests):
             try:
-                task = _texts(request, "TASK")[0]
-                results = answer(self.backend, self.tokenizer, self.settings, task, _texts(request, "TEXT_A") or [],
-                                 _texts(request, "TEXT_B"))
-                encoded = np.array([json.dumps(r).encode("utf-8") for r in results], dtype=np.object_)
-                responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("ANSWER", encoded)]))
+                rows.append(read_rows(request, self.tasks))
             except Exception as e:  # noqa: BLE001 - one request's error is that request's response
-                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(e))))
+                rows.append(None)
+                errors[k] = str(e)
+        results: dict[tuple[int, int], dict] = {}
+        for task in dict.fromkeys(row[0] for request_rows in rows if request_rows for row in request_rows):
+            members = [(k, i) for k, request_rows in enumerate(rows) if request_rows
+                       for i, row in enumerate(request_rows) if row[0] == task]
+            try:
+                results.update(zip(members, self._answer(task, [rows[k][i] for k, i in members]), strict=True))
+            except Exception:  # noqa: BLE001 - find the request that failed the batch; the others keep their answers
+                for k in dict.fromkeys(k for k, _ in members):
+                    mine = [(k, i) for k2, i in members if k2 == k]
+                    try:
+                        results.update(zip(mine, self._answer(task, [rows[k][i] for _, i in mine]), strict=True))
+                    except Exception as e:  # noqa: BLE001
+                        errors[k] = str(e)
+        responses = []
+        for k, request_rows in enumerate(rows):
+            if k in errors:
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(errors[k])))
+                continue
+            encoded = np.array([json.dumps(results[(k, i)]).encode("utf-8") for i in range(len(request_rows))],
+                               dtype=np.object_).reshape(-1, 1)
+            responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("ANSWER", encoded)]))
         return responses

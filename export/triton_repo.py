@@ -23,11 +23,12 @@ symbolic (sequence length: a client sends each batch padded to its own longest s
 per-item scalar (the paraphrase and similarity heads' output) is declared ``dims: [ 1 ]`` with ``reshape: { shape:
 [ ] }``, since Triton refuses empty dims.
 
-The ``bertzoo`` model (export/triton_python_model.py) is what most clients call: text in, each task's answer out, the
-hidden states passed between the encoder and head models inside Triton. Its ``ENCODER`` parameter names the encoder
-model it calls (``bertzoo_encoder_int8`` for the int8 variant).
-Tokenization and post-processing stay in the client (``bertzoo.tasks`` is torch-free and pip-installable), which is
-how Triton is usually fronted for encoders. An SSAF encoder runs on Triton's onnxruntime backend through the
+The ``bertzoo`` model (export/triton_python_model.py) is what most clients call: text in, each task's answer out, one
+row per item, batched across requests by Triton's dynamic batcher. Its ENGINE parameter picks where the encoder and
+heads run: the repository's own models through BLS (default; the hidden states pass between them inside Triton), or
+bertzoo's ONNX Runtime engine inside the Python model's process, for a Triton without the onnxruntime backend.
+A client that tokenizes itself (``bertzoo.tasks`` is torch-free and pip-installable) can call the encoder and head
+models directly. An SSAF encoder runs on Triton's onnxruntime backend through the
 SparsegenLin function body the graph carries; for our much faster native kernel, build it on the Triton host
 (``python -m bertzoo.export.ort_kernel`` prints the library's path) and add
 ``model_operations { op_library_filename: "<that path>" }`` to ``bertzoo_encoder/config.pbtxt`` (Triton's "Custom
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -90,28 +92,55 @@ def _place(src: Path, dst: Path) -> None:
 
 PYTHON_MODEL_CONFIG = """name: "bertzoo"
 backend: "python"
-max_batch_size: 0
+max_batch_size: {max_batch_size}
 input [
   { name: "TASK", data_type: TYPE_STRING, dims: [1] },
-  { name: "TEXT_A", data_type: TYPE_STRING, dims: [-1] },
-  { name: "TEXT_B", data_type: TYPE_STRING, dims: [-1], optional: true }
+  { name: "TEXT_A", data_type: TYPE_STRING, dims: [1] },
+  { name: "TEXT_B", data_type: TYPE_STRING, dims: [1], optional: true }
 ]
 output [
-  { name: "ANSWER", data_type: TYPE_STRING, dims: [-1] }
+  { name: "ANSWER", data_type: TYPE_STRING, dims: [1] }
 ]
+dynamic_batching { max_queue_delay_microseconds: 0 }
 instance_group [ { count: {instances}, kind: KIND_CPU } ]
+parameters: { key: "ENGINE", value: { string_value: "bls" } }
 parameters: { key: "ENCODER", value: { string_value: "bertzoo_encoder" } }
+parameters: { key: "VARIANT", value: { string_value: "fp32" } }
+parameters: { key: "THREADS", value: { string_value: "1" } }
 """
 
 
-def write_text_model(root: Path, artifact_dir: Path, settings: dict, instances: int = 2) -> None:
-    """The ``bertzoo`` Python-backend model: model.py, its settings (a slice of the manifest) and the tokenizer."""
+def write_text_model(root: Path, artifact_dir: Path, settings: dict, instances: int = 2, max_batch_size: int = 64
+                     ) -> None:
+    """The ``bertzoo`` Python-backend model: model.py, its settings (a slice of the manifest) and the tokenizer. Its
+    rows are items (one per sentence, pair or question), so ``max_batch_size`` is the most items one execute call
+    takes from Triton's dynamic batcher."""
     version = root / "bertzoo" / "1"
     version.mkdir(parents=True)
     shutil.copyfile(Path(__file__).with_name("triton_python_model.py"), version / "model.py")
     shutil.copyfile(artifact_dir / "tokenizer.json", version / "tokenizer.json")
     (version / "bertzoo.json").write_text(json.dumps(settings, indent=2) + "\n")
-    (root / "bertzoo" / "config.pbtxt").write_text(PYTHON_MODEL_CONFIG.replace("{instances}", str(instances)))
+    config = PYTHON_MODEL_CONFIG.replace("{instances}", str(instances)).replace("{max_batch_size}", str(max_batch_size))
+    (root / "bertzoo" / "config.pbtxt").write_text(config)
+
+
+def in_process_engine_config(config: str, artifact: Path, variant: str = "fp32", instances: int = 2, threads: int = 1,
+                              python_env: str | None = None) -> str:
+    """The ``bertzoo`` model's config.pbtxt text ``config``, set to run the artifact's ``variant`` in the model's own
+    process (ENGINE onnxruntime), ``instances`` instances of ``threads`` intra-op threads each; ``python_env``: the
+    Python environment Triton's Python backend activates for it (EXECUTION_ENV_PATH, a directory with bin/activate)."""
+    def with_parameter(text: str, key: str, value: str) -> str:
+        line = f'parameters: {{ key: "{key}", value: {{ string_value: "{value}" }} }}'
+        pattern = rf'parameters: \{{ key: "{key}", value: \{{ string_value: "[^"]*" \}} \}}'
+        return re.sub(pattern, line, text) if re.search(pattern, text) else text.rstrip("\n") + "\n" + line + "\n"
+
+    config = re.sub(r"count: \d+", f"count: {instances}", config)
+    settings = {"ENGINE": "onnxruntime", "VARIANT": variant, "THREADS": str(threads), "ARTIFACT": str(artifact.resolve())}
+    if python_env is not None:
+        settings["EXECUTION_ENV_PATH"] = python_env
+    for key, value in settings.items():
+        config = with_parameter(config, key, value)
+    return config
 
 
 def write_repository(artifact_dir: Path, graphs: dict[str, str], engine: Path | None = None, max_batch_size: int = 64,

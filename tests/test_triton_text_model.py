@@ -1,9 +1,10 @@
 """The Triton repository's ``bertzoo`` Python model (text in, answers out) answers what bertzoo's server answers.
 
-Triton itself cannot run here. Its Python backend's module (``triton_python_backend_utils``) is replaced by a small
-stand-in whose BLS calls run the repository's own ONNX models on ONNX Runtime, as Triton's onnxruntime backend would:
-what is tested is model.py's logic (inputs, tokenization, BLS calls, post-processing, one response per request), on
-the real graphs. The configs' validity against Triton's rules is tests/test_export.py's.
+Here Triton's Python backend module (``triton_python_backend_utils``) is replaced by a small stand-in whose BLS calls
+run the repository's own ONNX models on ONNX Runtime, as Triton's onnxruntime backend would: what is tested is
+model.py's logic (inputs, tokenization, BLS calls, batching across requests, post-processing, one response per
+request), on the real graphs. tests/test_triton_server.py runs the model in a real Triton; the configs' validity
+against Triton's rules is tests/test_export.py's.
 """
 
 from __future__ import annotations
@@ -74,7 +75,9 @@ def triton_stand_in(repository):
 
     class Request:  # what Triton hands execute()
         def __init__(self, **inputs):
-            self.inputs = [Tensor(k, np.array([s.encode() for s in v], dtype=np.object_)) for k, v in inputs.items()]
+            # A batched model's inputs, as Triton shapes them: [rows, 1]
+            self.inputs = [Tensor(k, np.array([s.encode() for s in v], dtype=np.object_).reshape(-1, 1))
+                           for k, v in inputs.items()]
 
     module.Tensor, module.TritonError, module.InferenceResponse = Tensor, TritonError, InferenceResponse
     module.InferenceRequest, module.get_input_tensor_by_name, module.get_output_tensor_by_name = (
@@ -91,12 +94,17 @@ def text_model(tiny_artifact, tmp_path_factory, monkeypatch_module):
     stand_in, request = triton_stand_in(repository)
     monkeypatch_module.setitem(sys.modules, "triton_python_backend_utils", stand_in)
     module = importlib.import_module("bertzoo.export.triton_python_model")
-    model = module.TritonPythonModel()
     config = (repository / "bertzoo" / "config.pbtxt").read_text()
-    model.initialize({"model_repository": str(repository / "bertzoo"), "model_version": "1",
-                      "model_config": json.dumps({"parameters": {"ENCODER": {"string_value": "bertzoo_encoder"}}})})
     assert 'backend: "python"' in config and (repository / "bertzoo" / "1" / "model.py").is_file()
-    return model, request, artifact
+    return initialized(module, repository, {"ENCODER": "bertzoo_encoder"}), request, artifact
+
+
+def initialized(module, repository, parameters: dict[str, str]):
+    model = module.TritonPythonModel()
+    model.initialize({"model_repository": str(repository / "bertzoo"), "model_version": "1",
+                      "model_config": json.dumps({"parameters": {k: {"string_value": v}
+                                                                 for k, v in parameters.items()}})})
+    return model
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +116,7 @@ def monkeypatch_module():
 def answers(model, request, **inputs):
     (response,) = model.execute([request(**inputs)])
     assert not response.has_error(), response.error().message()
-    return [json.loads(v) for v in response.output_tensors()[0].as_numpy()]
+    return [json.loads(v) for v in response.output_tensors()[0].as_numpy().reshape(-1)]
 
 
 def test_every_task_answers_as_the_bertzoo_server(text_model):
@@ -145,3 +153,54 @@ def test_a_bad_request_gets_its_own_error_and_the_others_their_answers(text_mode
     assert not good.has_error() and len(good.output_tensors()[0].as_numpy()) == 1
     assert unknown.has_error() and "TASK 'poetry'" in unknown.error().message()
     assert unpaired.has_error() and "TEXT_B with one entry per TEXT_A entry" in unpaired.error().message()
+
+
+def test_requests_that_arrive_together_share_one_encoder_batch_per_task(text_model):
+    model, request, _ = text_model
+    together = [request(TASK=["sentiment"] * 2, TEXT_A=["a gorgeous, witty film", "dull and lifeless"]),
+                request(TASK=["embed"], TEXT_A=["it rains"]), request(TASK=["sentiment"], TEXT_A=["it rains"])]
+    rows, encode = [], model.backend.encode
+    model.backend.encode = lambda batch: rows.append(len(batch["input_ids"])) or encode(batch)
+    try:
+        batched = model.execute(together)
+    finally:
+        del model.backend.encode
+    assert rows == [3, 1]  # both sentiment requests in one encoder call, then the embed request
+    for response, alone in zip(batched, (model.execute([r])[0] for r in together), strict=True):
+        got, want = ([json.loads(v) for v in r.output_tensors()[0].as_numpy().reshape(-1)] for r in (response, alone))
+        key = "values" if "values" in want[0] else "probabilities"
+        np.testing.assert_allclose([g[key] for g in got], [w[key] for w in want], atol=1e-5)
+
+
+def test_a_request_that_fails_its_batch_gets_the_error_alone(text_model):
+    model, request, _ = text_model
+    encode = model.backend.encode
+
+    def fragile(batch):  # an engine error that one request's input causes
+        if (batch["attention_mask"].sum(axis=1) > 12).any():
+            raise RuntimeError("longer than this engine takes")
+        return encode(batch)
+
+    model.backend.encode = fragile
+    try:
+        short, long, other = model.execute([request(TASK=["sentiment"], TEXT_A=["fine"]),
+                                            request(TASK=["sentiment"], TEXT_A=["a very long sentence indeed " * 4]),
+                                            request(TASK=["sentiment"], TEXT_A=["dull"])])
+    finally:
+        del model.backend.encode
+    assert not short.has_error() and not other.has_error()
+    assert long.has_error() and "longer than this engine takes" in long.error().message()
+
+
+def test_the_in_process_engine_answers_as_the_repository_models(text_model):
+    model, request, artifact = text_model
+    module = sys.modules["bertzoo.export.triton_python_model"]
+    local = initialized(module, artifact / "triton", {"ENGINE": "onnxruntime", "VARIANT": "fp32", "THREADS": "1"})
+    a, b = ["How do I learn Python?", "A man plays guitar."], ["How can I learn Python?", "The sky is blue."]
+    for inputs, key in ((dict(TASK=["sentiment"], TEXT_A=a), "probabilities"), (dict(TASK=["embed"], TEXT_A=b), "values"),
+                        (dict(TASK=["similarity"], TEXT_A=a, TEXT_B=b), "score"),
+                        (dict(TASK=["paraphrase"], TEXT_A=a, TEXT_B=b), "probability")):
+        np.testing.assert_allclose([g[key] for g in answers(local, request, **inputs)],
+                                   [g[key] for g in answers(model, request, **inputs)], atol=1e-5)
+    with pytest.raises(ValueError, match="parameter ENGINE 'tvm': use bls or onnxruntime"):
+        initialized(module, artifact / "triton", {"ENGINE": "tvm"})

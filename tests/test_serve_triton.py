@@ -1,0 +1,41 @@
+"""benchmarks/serve_triton.py: ratios within a round, and the server's CPU counts Triton's model processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import load_benchmark
+
+
+@pytest.fixture(scope="module")
+def serve_triton():
+    return load_benchmark("serve_triton")
+
+
+def test_ratios_pair_each_round_with_itself(serve_triton):
+    rounds = [{"int8": {"ceiling": 800, "bertzoo": {"items_per_s": 560}, "triton": {"items_per_s": 480}}},
+              {"int8": {"ceiling": 600, "bertzoo": {"items_per_s": 480}, "triton": {"items_per_s": 480}}}]
+    values = serve_triton.ratios(rounds, ["int8"])
+    assert values["int8 bertzoo of ceiling"] == pytest.approx([0.7, 0.8])
+    assert values["int8 triton of ceiling"] == pytest.approx([0.6, 0.8])
+    assert values["int8 triton / bertzoo"] == pytest.approx([480 / 560, 1.0])
+
+
+def test_the_servers_cpu_includes_its_child_processes(serve_triton):
+    # Triton runs each Python-backend model instance as a child process; its work is the server's.
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run([sys.executable, '-c', "
+                               "'import time\\nt = time.process_time()\\nwhile time.process_time() - t < 0.6: pass\\n"
+                               "print(1, flush=True)\\ntime.sleep(30)'])"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout.readline().strip() == "1"  # the grandchild has burnt 0.6 s of CPU
+        assert serve_triton.tree_cpu_seconds(parent.pid) >= 0.6
+        assert serve_triton.cpu_seconds(parent.pid) < 0.5  # the parent alone only waited
+    finally:
+        for child in serve_triton.Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split():
+            os.kill(int(child), 9)
+        parent.kill()
+        parent.wait()
