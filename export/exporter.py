@@ -195,7 +195,8 @@ def _export_into(work: Path, out: Path, model, train_config: TrainConfig, tokeni
                       "qa_null_threshold": model.config.qa_null_threshold},
             "limits": dataclasses.asdict(train_config.limits), "labels": labels,
             "graphs": {name: {"inputs": list(onnx_graphs.ENCODER_PADDED.inputs) if name == "encoder" else g["inputs"],
-                              "outputs": g["outputs"]} for name, g in graphs.items()}})
+                              "outputs": g["outputs"]} for name, g in graphs.items()}},
+            max_batch_size=triton_repo.CPU_TEXT_BATCH if engine is None else 64)
         reports["triton"]["bertzoo"] = "python"
     if options.hf:
         from . import hf

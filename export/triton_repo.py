@@ -110,6 +110,11 @@ parameters: { key: "THREADS", value: { string_value: "1" } }
 """
 
 
+# The ``bertzoo`` model's rows per execute call where the encoder runs on the CPU: in a real Triton on 2 cores (int8,
+# 64 clients), 16 served 1.11x and 8 1.11x what 64 did, as batches of 16 beat 64 in-process (benchmarks/RESULTS.md).
+CPU_TEXT_BATCH = 16
+
+
 def write_text_model(root: Path, artifact_dir: Path, settings: dict, instances: int = 2, max_batch_size: int = 64
                      ) -> None:
     """The ``bertzoo`` Python-backend model: model.py, its settings (a slice of the manifest) and the tokenizer. Its

@@ -16,7 +16,7 @@ from bertzoo.data import PairExample, SentenceExample
 from bertzoo.export import ort_kernel
 from bertzoo.export.exporter import ExportError, ExportOptions, export_checkpoint
 from bertzoo.export.sparsegen_onnx import DOMAIN, OP_TYPE, count_nodes
-from bertzoo.export.triton_repo import in_process_engine_config
+from bertzoo.export.triton_repo import CPU_TEXT_BATCH, in_process_engine_config
 from bertzoo.packing import PACKED_INPUTS
 from bertzoo.serving.backends import OnnxRuntimeBackend, TorchBackend
 from bertzoo.trainer.checkpoint import load_model
@@ -208,7 +208,8 @@ def test_triton_repository_passes_the_rules_of_tritons_loader(exported):
     assert text_model.backend == "python" and (root / "bertzoo" / "1" / "model.py").is_file()
     assert all(t.dims for t in [*text_model.input, *text_model.output])
     assert text_model.parameters["ENCODER"].string_value in names  # the encoder its BLS calls go to
-    assert text_model.max_batch_size > 0 and text_model.HasField("dynamic_batching")  # rows are items
+    # rows are items; a CPU encoder takes them 16 at a time
+    assert text_model.max_batch_size == CPU_TEXT_BATCH and text_model.HasField("dynamic_batching")
     local = text_format.Parse(in_process_engine_config((root / "bertzoo" / "config.pbtxt").read_text(), artifact,
                                                        "int8", instances=3, python_env="/env"), mc.ModelConfig())
     assert {k: v.string_value for k, v in local.parameters.items()} == {
