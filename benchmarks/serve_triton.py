@@ -45,22 +45,14 @@ from processes import cpu_seconds, free_port, start, start_bertzoo, stop
 from serve_speed import VARIANTS, closed_loop, in_process_ceiling, own_cpu_seconds
 from timing import machine
 
+# Triton's gRPC messages and stub (bertzoo[test] installs tritonclient; the gRPC extra is not needed)
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
 from bertzoo.export.triton_repo import in_process_engine_config
 from bertzoo.serving.client import BertzooClient
 from bertzoo.serving.load import LoadReport, load_items
 
 SERVERS = ("bertzoo", "triton")
-
-
-def triton_stubs(venv: str):
-    """tritonclient's generated gRPC modules, from the Triton venv: its own install would pin an older protobuf than
-    bertzoo's, while the generated code runs on bertzoo's. Appended to sys.path, so bertzoo's packages stay first."""
-    site = next(Path(venv).glob("lib/python3*/site-packages"))
-    if str(site) not in sys.path:
-        sys.path.append(str(site))
-    from tritonclient.grpc import service_pb2, service_pb2_grpc
-
-    return service_pb2, service_pb2_grpc
 
 
 def start_triton(args, variant: str, folder: Path) -> tuple:
@@ -94,12 +86,12 @@ def tree_cpu_seconds(pid: int) -> float:
     return cpu_seconds(pid) + sum(tree_cpu_seconds(c) for c in children)
 
 
-def infer_requests(stubs, task: str, sentences: list[str]) -> list:
+def infer_requests(task: str, sentences: list[str]) -> list:
     """One ModelInferRequest per sentence: TASK and TEXT_A, one row each, BYTES serialized as Triton's raw input
     contents (a little-endian 4-byte length, then the bytes)."""
     requests = []
     for sentence in sentences:
-        request = stubs[0].ModelInferRequest(model_name="bertzoo")
+        request = service_pb2.ModelInferRequest(model_name="bertzoo")
         for name, text in (("TASK", task), ("TEXT_A", sentence)):
             tensor = request.inputs.add(name=name, datatype="BYTES")
             tensor.shape.extend([1, 1])
@@ -109,7 +101,7 @@ def infer_requests(stubs, task: str, sentences: list[str]) -> list:
     return requests
 
 
-async def triton_load(port: int, requests: list, stubs, concurrency: int, duration: float, task: str) -> dict:
+async def triton_load(port: int, requests: list, concurrency: int, duration: float, task: str) -> dict:
     """The closed loop of serving.load.run_load, on Triton's ModelInfer: each client its own connection."""
     source = itertools.cycle(requests)
     report = LoadReport(task, concurrency, 1)
@@ -118,7 +110,7 @@ async def triton_load(port: int, requests: list, stubs, concurrency: int, durati
     async def client() -> None:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}",
                                              options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
-            infer = stubs[1].GRPCInferenceServiceStub(channel).ModelInfer
+            infer = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer
             while time.perf_counter() < stop_at:
                 t0 = time.perf_counter()
                 try:
@@ -143,7 +135,7 @@ def measured(pid: int, load) -> dict:
             "load_generator_cores": (own_cpu_seconds() - own0) / wall}
 
 
-def served(server: str, variant: str, args, sentences: list[str], stubs, folder: Path) -> dict:
+def served(server: str, variant: str, args, sentences: list[str], folder: Path) -> dict:
     """One server with ``variant`` under the closed loop (after a 3 s warm-up)."""
     if server == "bertzoo":
         port = free_port()
@@ -155,16 +147,16 @@ def served(server: str, variant: str, args, sentences: list[str], stubs, folder:
         finally:
             stop(process)
     process, port = start_triton(args, variant, folder)
-    requests = infer_requests(stubs, args.task, sentences)
+    requests = infer_requests(args.task, sentences)
     try:
-        asyncio.run(triton_load(port, requests, stubs, args.concurrency, 3, args.task))
-        return measured(process.pid, lambda: asyncio.run(triton_load(port, requests, stubs, args.concurrency,
-                                                                     args.seconds, args.task)))
+        asyncio.run(triton_load(port, requests, args.concurrency, 3, args.task))
+        return measured(process.pid, lambda: asyncio.run(triton_load(port, requests, args.concurrency, args.seconds,
+                                                                     args.task)))
     finally:
         stop(process)
 
 
-def answers_agree(args, variant: str, sentences: list[str], stubs, folder: Path) -> dict:
+def answers_agree(args, variant: str, sentences: list[str], folder: Path) -> dict:
     """Both servers' answers to the same sentences, one per request: the largest difference between them."""
     port = free_port()
     process = start_bertzoo(args.artifact, port, *VARIANTS[variant][2])
@@ -179,10 +171,10 @@ def answers_agree(args, variant: str, sentences: list[str], stubs, folder: Path)
     process, port = start_triton(args, variant, folder)
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            infer = stubs[1].GRPCInferenceServiceStub(channel).ModelInfer
+            infer = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer
             key = "values" if args.task == "embed" else "probabilities"
             theirs = np.array([json.loads(infer(r).raw_output_contents[0][4:])[key]
-                               for r in infer_requests(stubs, args.task, sentences)])
+                               for r in infer_requests(args.task, sentences)])
     finally:
         stop(process)
     return {"items": len(sentences), "max_abs_difference": float(np.abs(ours - theirs).max()),
@@ -229,14 +221,13 @@ def main() -> None:
         parser.error(f"{args.artifact}: no triton/bertzoo model; export with --triton")
     if not (Path(args.triton) / "bin" / "tritonserver").exists():
         parser.error(f"{args.triton}: no bin/tritonserver; run benchmarks/peers/triton_setup.sh {args.triton}")
-    stubs = triton_stubs(args.triton)
     sentences = load_items("sentiment", args.data)
     print(json.dumps(machine()), flush=True)
     settings, agreement, rounds = {}, {}, []
     with tempfile.TemporaryDirectory(prefix="bertzoo-triton-") as scratch:
         folder = Path(scratch)
         for variant in args.variants:
-            agreement[variant] = answers_agree(args, variant, sentences[:args.agreement_items], stubs, folder)
+            agreement[variant] = answers_agree(args, variant, sentences[:args.agreement_items], folder)
             found = in_process_ceiling(args.artifact, variant, sentences, args.threads, tasks=(args.task,))[args.task]
             settings[variant] = max(found["settings"], key=lambda s: found["settings"][s]["rate"])
             print(f"{variant}: answers {agreement[variant]}; ceiling {found['ceiling']:.1f}/s at {settings[variant]}",
@@ -249,7 +240,7 @@ def main() -> None:
                                          tasks=(args.task,), only=settings[variant])
                 results[variant] = {"ceiling": next(iter(rates.values()))["rate"]}
                 for server in SERVERS if r % 2 == 0 else SERVERS[::-1]:
-                    s = results[variant][server] = served(server, variant, args, sentences, stubs, folder)
+                    s = results[variant][server] = served(server, variant, args, sentences, folder)
                     print(f"round {r} {variant} {server}: {s['items_per_s']:.1f}/s (ceiling "
                           f"{results[variant]['ceiling']:.1f}/s), p50 {s['p50_ms']:.0f} ms p99 {s['p99_ms']:.0f} ms, "
                           f"server {s['server_cores']:.2f} cores, load generator {s['load_generator_cores']:.2f}",

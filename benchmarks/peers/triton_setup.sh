@@ -8,8 +8,8 @@
 # `tritonserver` binary, its Python backend, and the backend's stub for each Python version) inside its wheel, and
 # that is the only Triton a machine without a container runtime can install. This build has no onnxruntime
 # backend, so the repository's `bertzoo` model runs bertzoo's ONNX Runtime engine in its own process (ENGINE
-# onnxruntime; export/triton_python_model.py). Also installed: tritonclient's gRPC stubs, which the benchmark's load
-# generator imports from this venv.
+# onnxruntime; export/triton_python_model.py), with this venv (bertzoo installed in it) as the model's Python. Also
+# for tests/test_triton_server.py (BERTZOO_TRITON_VENV=VENV; .ci/run sets it up).
 #
 # VENV/backends/python is the backend directory to pass to `tritonserver --backend-directory`: the backend, its
 # Python module and the stub built for this machine's python3.
@@ -18,7 +18,6 @@ venv=${1:?usage: triton_setup.sh VENV}
 
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/pip" install -q --no-deps nvidia-pytriton==0.7.0
-"$venv/bin/pip" install -q 'tritonclient[grpc]==2.73.0'
 # bertzoo itself, for the model's Python: the venv is also the EXECUTION_ENV_PATH the model's config names. numpy 1:
 # this build's Python-backend stub misread BYTES inputs (the texts) with numpy 2 here.
 root=$(cd "$(dirname "$0")/../.." && pwd)
