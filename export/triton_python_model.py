@@ -142,6 +142,9 @@ class TritonPythonModel:
                       [b for _, _, b in rows] if task in PAIRED else None)
 
     def execute(self, requests: list) -> list:
+        """One response per request. The rows of all requests are grouped by task and each task's rows answered as
+        one batch; where a batch fails, its requests are answered one by one, so the error reaches only the request
+        that caused it."""
         rows: list[list | None] = []
         errors: dict[int, str] = {}
         for k, request in enumerate(requests):
