@@ -57,7 +57,7 @@ SERVERS = ("bertzoo", "triton")
 
 def start_triton(args, variant: str, folder: Path) -> tuple:
     """tritonserver on loopback with a repository of the ``bertzoo`` model alone, once it is ready: (process, gRPC
-    port)."""
+    port, HTTP port)."""
     repository = folder / variant
     shutil.rmtree(repository, ignore_errors=True)
     shutil.copytree(Path(args.artifact) / "triton" / "bertzoo", repository / "bertzoo")
@@ -75,7 +75,7 @@ def start_triton(args, variant: str, folder: Path) -> tuple:
                      "--backend-directory", str(venv / "backends"), "--grpc-address", "127.0.0.1",
                      "--grpc-port", str(grpc_port), "--http-address", "127.0.0.1", "--http-port", str(http_port),
                      "--allow-metrics", "false", "--exit-timeout-secs", "5", "--log-info", "false"], ready)
-    return process, grpc_port
+    return process, grpc_port, http_port
 
 
 def tree_cpu_seconds(pid: int) -> float:
@@ -146,7 +146,7 @@ def served(server: str, variant: str, args, sentences: list[str], folder: Path) 
                                                              args.seconds))
         finally:
             stop(process)
-    process, port = start_triton(args, variant, folder)
+    process, port, _ = start_triton(args, variant, folder)
     requests = infer_requests(args.task, sentences)
     try:
         asyncio.run(triton_load(port, requests, args.concurrency, 3, args.task))
@@ -168,7 +168,7 @@ def answers_agree(args, variant: str, sentences: list[str], folder: Path) -> dic
                 ours = np.array([list(client.sentiment([s]).results[0].probabilities) for s in sentences])
     finally:
         stop(process)
-    process, port = start_triton(args, variant, folder)
+    process, port, _ = start_triton(args, variant, folder)
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             infer = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer

@@ -8,12 +8,9 @@ bertzoo's own server. Skips without such an environment: set BERTZOO_TRITON_VENV
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import shutil
-import socket
-import subprocess
-import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -23,10 +20,9 @@ import numpy as np
 import pytest
 
 from bertzoo.export.exporter import ExportOptions, export_checkpoint
-from bertzoo.export.triton_repo import in_process_engine_config
 from bertzoo.serving.client import BertzooClient
 from bertzoo.serving.grpc_server import ServerThread
-from conftest import serve_config
+from conftest import load_benchmark, serve_config
 
 VENV = Path(os.environ.get("BERTZOO_TRITON_VENV", "/nonexistent"))
 pytestmark = pytest.mark.skipif(not (VENV / "bin" / "tritonserver").exists(),
@@ -34,50 +30,21 @@ pytestmark = pytest.mark.skipif(not (VENV / "bin" / "tritonserver").exists(),
                                        "BERTZOO_TRITON_VENV=VENV (CI does)")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def triton(tiny_artifact, tmp_path_factory):
-    """(HTTP base URL, artifact) of a tritonserver serving the tiny model's ``bertzoo`` model alone."""
+    """(HTTP base URL, artifact) of a tritonserver serving the tiny model's ``bertzoo`` model alone (started as
+    benchmarks/serve_triton.py starts it)."""
     run, _ = tiny_artifact
     folder = tmp_path_factory.mktemp("triton-server")
     artifact = folder / "artifact"
     export_checkpoint(run, artifact, ExportOptions(triton=True, parity_limit=8))
-    repository = folder / "repository"
-    shutil.copytree(artifact / "triton" / "bertzoo", repository / "bertzoo")
-    config = repository / "bertzoo" / "config.pbtxt"
-    config.write_text(in_process_engine_config(config.read_text(), artifact, python_env=str(VENV.resolve())))
-    http_port = free_port()
-    log = (folder / "tritonserver.log").open("w")
-    process = subprocess.Popen([str(VENV / "bin" / "tritonserver"), "--model-repository", str(repository),
-                                "--backend-directory", str(VENV / "backends"), "--http-address", "127.0.0.1",
-                                "--http-port", str(http_port), "--grpc-address", "127.0.0.1",
-                                "--grpc-port", str(free_port()), "--allow-metrics", "false",
-                                "--exit-timeout-secs", "5"], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{http_port}"
+    settings = argparse.Namespace(artifact=str(artifact), triton=str(VENV), instances=2, threads=2)
+    process, _, http_port = load_benchmark("serve_triton").start_triton(settings, "fp32", folder)
     try:
-        deadline = time.monotonic() + 120
-        while not ready(url):
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"tritonserver did not start: {(folder / 'tritonserver.log').read_text()[-3000:]}")
-            time.sleep(0.5)
-        yield url, artifact
+        yield f"http://127.0.0.1:{http_port}", artifact
     finally:
         process.terminate()
         process.wait(60)
-        log.close()
-
-
-def ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 def infer(url: str, task: str, texts_a: list[str], texts_b: list[str] | None = None) -> list[dict]:
