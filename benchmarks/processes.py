@@ -72,8 +72,17 @@ def stop(process: subprocess.Popen) -> None:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid``, all its threads."""
-    return stat_cpu_seconds(Path(f"/proc/{pid}/stat"))
+    """User + system CPU seconds of process ``pid``, all its threads, and of its live child processes, which are the
+    server's too (Triton runs each Python-backend model instance as one). A child that exits meanwhile is left out."""
+    total = stat_cpu_seconds(Path(f"/proc/{pid}/stat"))
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children = task / "children"  # needs CONFIG_PROC_CHILDREN; without it, the process alone
+        for child in (children.read_text().split() if children.exists() else []):
+            try:
+                total += cpu_seconds(int(child))
+            except FileNotFoundError:
+                pass
+    return total
 
 
 def stat_cpu_seconds(stat: Path) -> float:

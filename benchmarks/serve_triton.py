@@ -41,8 +41,8 @@ import grpc
 import numpy as np
 from ceiling import in_process_rates
 from intervals import mean_ci
-from processes import cpu_seconds, free_port, start, start_bertzoo, stop
-from serve_speed import VARIANTS, closed_loop, in_process_ceiling, own_cpu_seconds
+from processes import free_port, start, start_bertzoo, stop
+from serve_speed import VARIANTS, closed_loop, in_process_ceiling, measured_load
 from timing import machine
 
 # Triton's gRPC messages and stub (bertzoo[test] installs tritonclient; the gRPC extra is not needed)
@@ -76,14 +76,6 @@ def start_triton(args, variant: str, folder: Path) -> tuple:
                      "--grpc-port", str(grpc_port), "--http-address", "127.0.0.1", "--http-port", str(http_port),
                      "--allow-metrics", "false", "--exit-timeout-secs", "5", "--log-info", "false"], ready)
     return process, grpc_port, http_port
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU seconds of ``pid`` and its child processes (Triton's Python-backend stubs)."""
-    children = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        children += [int(c) for c in (task / "children").read_text().split()]
-    return cpu_seconds(pid) + sum(tree_cpu_seconds(c) for c in children)
 
 
 def infer_requests(task: str, sentences: list[str]) -> list:
@@ -127,14 +119,6 @@ async def triton_load(port: int, requests: list, concurrency: int, duration: flo
     return report.summary()
 
 
-def measured(pid: int, load) -> dict:
-    server0, own0, t0 = tree_cpu_seconds(pid), own_cpu_seconds(), time.perf_counter()
-    summary = load()
-    wall = time.perf_counter() - t0
-    return {**summary, "server_cores": (tree_cpu_seconds(pid) - server0) / wall,
-            "load_generator_cores": (own_cpu_seconds() - own0) / wall}
-
-
 def served(server: str, variant: str, args, sentences: list[str], folder: Path) -> dict:
     """One server with ``variant`` under the closed loop (after a 3 s warm-up)."""
     if server == "bertzoo":
@@ -142,7 +126,7 @@ def served(server: str, variant: str, args, sentences: list[str], folder: Path) 
         process = start_bertzoo(args.artifact, port, *VARIANTS[variant][2], "--threads", str(args.threads),
                                 "--instances", str(args.instances))
         try:
-            return measured(process.pid, lambda: closed_loop(port, args.task, sentences, args.concurrency,
+            return measured_load(process.pid, lambda: closed_loop(port, args.task, sentences, args.concurrency,
                                                              args.seconds))
         finally:
             stop(process)
@@ -150,7 +134,7 @@ def served(server: str, variant: str, args, sentences: list[str], folder: Path) 
     requests = infer_requests(args.task, sentences)
     try:
         asyncio.run(triton_load(port, requests, args.concurrency, 3, args.task))
-        return measured(process.pid, lambda: asyncio.run(triton_load(port, requests, args.concurrency, args.seconds,
+        return measured_load(process.pid, lambda: asyncio.run(triton_load(port, requests, args.concurrency, args.seconds,
                                                                      args.task)))
     finally:
         stop(process)

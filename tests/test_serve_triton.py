@@ -1,10 +1,12 @@
-"""benchmarks/serve_triton.py: ratios within a round, and the server's CPU counts Triton's model processes."""
+"""benchmarks/serve_triton.py's ratios within a round, and a server's CPU (processes.cpu_seconds) counting the
+processes it runs, as Triton runs its model instances."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -25,17 +27,18 @@ def test_ratios_pair_each_round_with_itself(serve_triton):
     assert values["int8 triton / bertzoo"] == pytest.approx([480 / 560, 1.0])
 
 
-def test_the_servers_cpu_includes_its_child_processes(serve_triton):
+def test_the_servers_cpu_includes_its_child_processes():
+    processes = load_benchmark("processes")
     # Triton runs each Python-backend model instance as a child process; its work is the server's.
     parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run([sys.executable, '-c', "
                                "'import time\\nt = time.process_time()\\nwhile time.process_time() - t < 0.6: pass\\n"
                                "print(1, flush=True)\\ntime.sleep(30)'])"], stdout=subprocess.PIPE, text=True)
     try:
         assert parent.stdout.readline().strip() == "1"  # the grandchild has burnt 0.6 s of CPU
-        assert serve_triton.tree_cpu_seconds(parent.pid) >= 0.6
-        assert serve_triton.cpu_seconds(parent.pid) < 0.5  # the parent alone only waited
+        assert processes.cpu_seconds(parent.pid) >= 0.6
+        assert processes.stat_cpu_seconds(Path(f"/proc/{parent.pid}/stat")) < 0.5  # the parent alone only waited
     finally:
-        for child in serve_triton.Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split():
+        for child in Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split():
             os.kill(int(child), 9)
         parent.kill()
         parent.wait()
