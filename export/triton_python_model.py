@@ -39,7 +39,7 @@ from bertzoo.data import PairExample, QAExample, SentenceExample
 from bertzoo.tokenization import Tokenizer
 
 SETTINGS = "bertzoo.json"  # written beside this file: tasks, labels, limits, pooling, graph input and output names
-PAIRED = ("paraphrase", "similarity", "qa")
+PAIRED = (*pipeline.PAIR_TASKS, "qa")  # the tasks whose items carry a TEXT_B
 
 
 class BLSBackend:
