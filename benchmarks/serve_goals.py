@@ -30,12 +30,12 @@ import os
 import sys
 from pathlib import Path
 
-from ceiling import in_process_rates
 from intervals import mean_ci
 from processes import free_port, start_bertzoo, stop
 from serve_speed import (
     INFINITY_ENGINES,
     VARIANTS,
+    ceiling_at,
     closed_loop,
     in_process_ceiling,
     infinity_row,
@@ -78,7 +78,7 @@ def choose(args, sentences: list[str], texts: str) -> dict:
     for variant in args.variants:
         found = in_process_ceiling(args.artifact, variant, sentences, args.threads, tasks=("embed",))["embed"]
         chosen["ceiling_grid"][variant] = found["settings"]
-        chosen["settings"][variant] = max(found["settings"], key=lambda s: found["settings"][s]["rate"])
+        chosen["settings"][variant] = found["best"]
         print(f"{variant}: ceiling {found['ceiling']:.1f}/s at {chosen['settings'][variant]}", flush=True)
     peers = {}
     for name, (engine, folder) in INFINITY_ENGINES.items():
@@ -96,11 +96,9 @@ def one_round(slot: str, args, sentences: list[str], texts: str, chosen: dict) -
     if slot == "peer":
         engine, folder = INFINITY_ENGINES[chosen["peer"]]
         return infinity_row(args.infinity, args.infinity_models, engine, folder, texts, args.concurrency, args.seconds)
-    engine, engine_args = VARIANTS[slot][:2]
-    ceiling = in_process_rates(args.artifact, engine, engine_args, sentences, args.threads, tasks=("embed",),
-                               only=chosen["settings"][slot])
+    ceiling = ceiling_at(args.artifact, slot, sentences, args.threads, "embed", chosen["settings"][slot])
     row = served(args.artifact, slot, sentences, args, tail=slot == "fp32")
-    return {**row, "ceiling": next(iter(ceiling.values()))["rate"]}
+    return {**row, "ceiling": ceiling}
 
 
 def ratios(rounds: list[dict], variants: list[str]) -> dict[str, list[float]]:

@@ -93,13 +93,26 @@ def own_cpu_seconds() -> float:
 
 def in_process_ceiling(artifact: str, variant: str, sentences: list[str], threads: int,
                        tasks: tuple[str, ...] = TASKS) -> dict[str, dict]:
-    """Per task: the variant's in-process ceiling (``ceiling.in_process_rates``: the best over its settings), the
-    best of the settings that pad as the server does, and every setting's rate and padding efficiency."""
+    """Per task: the variant's in-process ceiling (``ceiling.in_process_rates``: the best over its settings) and the
+    setting that gave it ("best"), the best of the settings that pad as the server does, and every setting's rate and
+    padding efficiency."""
     engine, engine_args = VARIANTS[variant][:2]
     found = in_process_rates(artifact, engine, engine_args, sentences, threads, tasks)
-    return {task: {"ceiling": max(f["rate"] for (t, _), f in found.items() if t == task),
-                   "as_served": max(f["rate"] for (t, _), f in found.items() if t == task and f["as_served"]),
-                   "settings": {s: f for (t, s), f in found.items() if t == task}} for task in tasks}
+    out = {}
+    for task in tasks:
+        settings = {s: f for (t, s), f in found.items() if t == task}
+        best = max(settings, key=lambda s: settings[s]["rate"])
+        out[task] = {"ceiling": settings[best]["rate"], "best": best, "settings": settings,
+                     "as_served": max(f["rate"] for f in settings.values() if f["as_served"])}
+    return out
+
+
+def ceiling_at(artifact: str, variant: str, sentences: list[str], threads: int, task: str, setting: str) -> float:
+    """The variant's in-process rate for ``task`` at one ``setting`` (a name of ``in_process_ceiling``'s settings,
+    chosen there): the ceiling again, without measuring the settings that lost."""
+    engine, engine_args = VARIANTS[variant][:2]
+    found = in_process_rates(artifact, engine, engine_args, sentences, threads, (task,), only=setting)
+    return found[(task, setting)]["rate"]
 
 
 def batch_counters(metrics_port: int) -> dict[str, float]:

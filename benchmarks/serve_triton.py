@@ -39,10 +39,9 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-from ceiling import in_process_rates
 from intervals import mean_ci
 from processes import free_port, start, start_bertzoo, stop
-from serve_speed import VARIANTS, closed_loop, in_process_ceiling, measured_load
+from serve_speed import VARIANTS, ceiling_at, closed_loop, in_process_ceiling, measured_load
 from timing import machine
 
 # Triton's gRPC messages and stub (bertzoo[test] installs tritonclient; the gRPC extra is not needed)
@@ -213,16 +212,14 @@ def main() -> None:
         for variant in args.variants:
             agreement[variant] = answers_agree(args, variant, sentences[:args.agreement_items], folder)
             found = in_process_ceiling(args.artifact, variant, sentences, args.threads, tasks=(args.task,))[args.task]
-            settings[variant] = max(found["settings"], key=lambda s: found["settings"][s]["rate"])
+            settings[variant] = found["best"]
             print(f"{variant}: answers {agreement[variant]}; ceiling {found['ceiling']:.1f}/s at {settings[variant]}",
                   flush=True)
         for r in range(args.rounds):
             results = {}
             for variant in args.variants if r % 2 == 0 else args.variants[::-1]:
-                engine, engine_args = VARIANTS[variant][:2]
-                rates = in_process_rates(args.artifact, engine, engine_args, sentences, args.threads,
-                                         tasks=(args.task,), only=settings[variant])
-                results[variant] = {"ceiling": next(iter(rates.values()))["rate"]}
+                results[variant] = {"ceiling": ceiling_at(args.artifact, variant, sentences, args.threads, args.task,
+                                                          settings[variant])}
                 for server in SERVERS if r % 2 == 0 else SERVERS[::-1]:
                     s = results[variant][server] = served(server, variant, args, sentences, folder)
                     print(f"round {r} {variant} {server}: {s['items_per_s']:.1f}/s (ceiling "
