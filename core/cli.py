@@ -154,12 +154,14 @@ def main(verbose: bool) -> None:
 @click.option("--no-eval", is_flag=True, help="Skip the per-epoch dev evaluation.")
 @click.option("--no-progress", is_flag=True, help="No progress bar (logs only).")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its last checkpoint and saved config.")
+@click.option("--force", is_flag=True, help="Replace the run in --out, if it holds one (its checkpoints and log are "
+              "deleted); without --force or --resume, train refuses a directory that holds a run.")
 @click.option("--allocator", "allocator_choice", type=click.Choice(allocator.CHOICES), default="auto", show_default=True,
               help="Memory allocator: tcmalloc (less memory and faster with packed batches; restarts the process "
                    "with it preloaded), auto = tcmalloc where installed, or the C library's (system).")
 def train(preset: str | None, settings: tuple[str, ...], tasks: str | None, encoder_overrides: tuple[str, ...],
-          random_init: bool | None, no_eval: bool, no_progress: bool, resume: bool, allocator_choice: str,
-          **options) -> None:
+          random_init: bool | None, no_eval: bool, no_progress: bool, resume: bool, force: bool,
+          allocator_choice: str, **options) -> None:
     """Fine-tune one multitask model (sentiment, paraphrase, similarity, QA) and evaluate it on dev."""
     try:
         library = allocator.library_to_preload(allocator_choice, dict(os.environ))
@@ -167,9 +169,11 @@ def train(preset: str | None, settings: tuple[str, ...], tasks: str | None, enco
         raise click.UsageError(str(e)) from e
     if library is not None and allocator.started_as_bertzoo(sys.argv):
         allocator.restart_with(library, ["-m", "bertzoo", *sys.argv[1:]])  # before torch is imported; no return
+    from bertzoo.trainer.checkpoint import claim_run_dir
     from bertzoo.trainer.config import TrainConfig
     from bertzoo.trainer.evaluate import format_metrics
     from bertzoo.trainer.train import train as run_training
+    from bertzoo.trainer.training_data import check_data_files
     from bertzoo.zoo import PresetError, load_preset
 
     given = {k: v for k, v in options.items() if v is not None}
@@ -201,6 +205,11 @@ def train(preset: str | None, settings: tuple[str, ...], tasks: str | None, enco
         raise click.ClickException(f"{saved}: not valid JSON ({e}); start a new run without --resume") from e
     except (TypeError, ValueError) as e:
         raise click.UsageError(str(e)) from e
+    # Once every option is known good and the data is there, before anything is written: a repeated command must not
+    # take over a finished run, and --force deletes the old one only when the new one can start. Under torchrun only
+    # rank 0 deletes.
+    check_data_files(config)
+    claim_run_dir(Path(config.out_dir), resume, force, remove=os.environ.get("RANK", "0") == "0")
     _, metrics = run_training(config, resume=resume)
     if metrics:
         click.echo(format_metrics(metrics))

@@ -45,6 +45,40 @@ class NotACheckpoint(CheckpointError, FileNotFoundError):
     """The path is neither a checkpoint directory nor a run directory that points to one."""
 
 
+class RunExists(UserError):
+    """`bertzoo train` was pointed at a directory that holds a run, without --resume or --force."""
+
+
+# What a training run writes into its directory (and the temporary names of its atomic writes): what --force removes,
+# so the new run's log, pointers and checkpoints never mix with the old one's; anything else there is left alone.
+RUN_ENTRIES = ("train_config.json", "train_log.jsonl", "LATEST", "BEST", "curves.png", "checkpoint-*", ".checkpoint-*",
+               ".train_config.json.*", ".train_log.jsonl.*", ".LATEST.*", ".BEST.*")
+
+
+def run_entries(out_dir: Path) -> list[Path]:
+    """The files and checkpoint directories of a training run in ``out_dir`` (none: it holds no run)."""
+    return sorted({p for pattern in RUN_ENTRIES for p in out_dir.glob(pattern)}) if out_dir.is_dir() else []
+
+
+def claim_run_dir(out_dir: Path, resume: bool, force: bool, remove: bool = True) -> None:
+    """Refuse to start a new run over an existing one (a repeated command must not take over a finished run); with
+    ``force``, remove the old run's entries first. ``remove``: False on the ranks of a distributed run other than 0,
+    so a single process deletes."""
+    if resume and force:
+        raise RunExists("--resume continues the run in --out and --force replaces it: pass one of them")
+    entries = run_entries(out_dir)
+    if resume or not entries:
+        return
+    if not force:
+        raise RunExists(f"{out_dir} already holds a training run; pass --resume to continue it, --force to replace "
+                        "it, or another --out")
+    for entry in entries if remove else []:
+        if entry.is_dir():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink(missing_ok=True)
+
+
 def _optimizer_to_files(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
     state = optimizer.state_dict()
     tensors = {}
@@ -141,17 +175,22 @@ def load_model(path: str | Path) -> tuple[MultitaskModel, dict, Path]:
         model = MultitaskModel(ModelConfig.from_dict(config["model"]))
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{directory / CONFIG}: not a bertzoo checkpoint config ({e})") from e
+    load_weights(model, directory, "copy it again, or use another checkpoint of the run")
+    model.eval()
+    return model, config, directory
+
+
+def load_weights(model: MultitaskModel, directory: Path, remedy: str) -> None:
+    """Load a checkpoint's weights into ``model``; an unreadable or mismatched file is a CheckpointError naming it
+    and ``remedy`` (what the caller's user can do about it)."""
     try:
         state = load_file(str(directory / WEIGHTS))
-    except SafetensorError as e:
-        raise CheckpointError(f"{directory / WEIGHTS}: unreadable, truncated or corrupt ({e}); copy it again, or use "
-                              "another checkpoint of the run") from e
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{directory / WEIGHTS}: unreadable, truncated or corrupt ({e}); {remedy}") from e
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
         raise CheckpointError(f"{directory / WEIGHTS}: does not match {directory / CONFIG} ({e})") from e
-    model.eval()
-    return model, config, directory
 
 
 def load_trainer_state(directory: Path) -> tuple[dict, dict | None, dict[str, torch.Tensor]]:

@@ -20,7 +20,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from safetensors.torch import load_file
 from tqdm import tqdm
 
 from bertzoo.allocator import describe as describe_allocator
@@ -207,7 +206,8 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
     start_step, best, metrics = 0, float("-inf"), {}
     if resume and (out_dir / "LATEST").exists():
         directory = ckpt.resolve_checkpoint(out_dir, prefer="LATEST")
-        model.load_state_dict(load_file(str(directory / ckpt.WEIGHTS)))
+        ckpt.load_weights(model, directory, f"write the name of an earlier checkpoint-* of the run into "
+                          f"{out_dir / 'LATEST'} to resume from there, or start over with --force")
         meta, opt_state, state_tensors = ckpt.load_trainer_state(directory)
         if any(k.startswith(RAW_PREFIX) for k in state_tensors):  # the run was averaging: it saved the average
             if average is not None:
@@ -226,6 +226,8 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
         if env.is_main:
             log.info("resumed from %s at step %d", directory, start_step)
             _drop_log_records_after(out_dir / "train_log.jsonl", start_step)
+    elif env.is_main:  # from step 0 (e.g. --resume of a run killed before its first checkpoint): no step twice
+        _drop_log_records_after(out_dir / "train_log.jsonl", 0)
 
     ddp_model = model
     if env.world_size > 1:

@@ -44,6 +44,12 @@ def load_splits(config: TrainConfig, split: str, limit: int | None) -> dict[str,
         examples = load_split(data_dir, task, split, config.sentiment_dataset, skipped=skipped)
         if skipped:
             log.warning("%s/%s: skipped %d malformed rows (first: %s)", task, split, len(skipped), skipped[0])
+        if not examples:  # e.g. a SQuAD file whose every question was malformed: nothing to train or score on
+            files = ", ".join(str(f) for f in find_files(data_dir, task, split, config.sentiment_dataset))
+            why = f"all {len(skipped)} rows were malformed (first: {skipped[0]})" if skipped else "they hold no rows"
+            others = [t for t in config.tasks if t != task]
+            leave_out = f", or pass --tasks {','.join(others)} to train without {task}" if others else ""
+            raise DataError(f"{files}: no usable {task} {split} examples: {why}; fix the file{leave_out}")
         splits[task] = examples[:limit] if limit else examples
     return splits
 
