@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from . import allocator
+from .cli_next import print_next_steps
 from .cli_parsing import parse_overrides
 from .cli_pretrain import pretrain
 from .cli_serve import bench_serve, client_command, serve
@@ -213,30 +214,7 @@ def train(preset: str | None, settings: tuple[str, ...], tasks: str | None, enco
     _, metrics = run_training(config, resume=resume)
     if metrics:
         click.echo(format_metrics(metrics))
-    _print_next_steps(config.out_dir, config.tasks[0])
-
-
-# One input per task for the next-steps hint, in `bertzoo predict`'s argument order.
-PREDICT_EXAMPLES = {
-    "sentiment": '"a gorgeous, witty film"',
-    "paraphrase": '"How do I learn to cook?" "What is the best way to learn cooking?"',
-    "similarity": '"A man is playing a guitar." "A man plays the guitar."',
-    "qa": '"Who wrote Hamlet?" "Hamlet is a tragedy written by William Shakespeare around 1600."',
-}
-
-
-def _print_next_steps(run: str, task: str) -> None:
-    """Where the run is, which checkpoint its users get, and the commands that use it (predict on a trained task)."""
-    from bertzoo.trainer.checkpoint import resolve_checkpoint_pointer
-
-    try:
-        checkpoint, pointer = resolve_checkpoint_pointer(run)
-    except FileNotFoundError:
-        return  # nothing was saved (e.g. interrupted before the first checkpoint)
-    artifact = f"artifacts/{Path(run).name}"
-    click.echo(f"\nrun directory: {run}\ncheckpoint for predict, eval and export: {checkpoint} ({pointer or 'given'})"
-               f"\nnext:\n  bertzoo predict {run} --task {task} {PREDICT_EXAMPLES[task]}\n"
-               f"  bertzoo export {run} --out {artifact} --int8\n  bertzoo serve {artifact}")
+    print_next_steps(config.out_dir, config.tasks[0])
 
 
 def _load(checkpoint: str):
