@@ -1,0 +1,89 @@
+"""The README's walk-through runs as written: train, predict, export, serve, client, metrics.
+
+The block after the `<!-- walkthrough -->` marker in README.md is run by bash, unchanged but for two things: the
+ports (the server's and the client's through their BERTZOO_* variables, the metrics port in the curl line), so the
+test never meets a server already on the defaults; and a shorter dev evaluation at the end of training
+(BERTZOO_TRAIN_EVAL_LIMIT_PER_TASK). It runs in an empty directory where `.venv` is the environment running pytest,
+so `. .venv/bin/activate` means what it means on a fresh clone. Training is the real default run (the bundled
+samples, one epoch): a shorter one moves the int8 encoder past its parity gate and the export refuses it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+MARKER = "<!-- walkthrough"
+DEFAULT_METRICS = "localhost:9400"
+
+
+def walkthrough_block(text: str) -> str:
+    """The fenced block right after the walk-through marker."""
+    start = text.index(MARKER)
+    match = re.compile(r"```(?:bash|sh)\n(.*?)```", re.S).search(text, start)
+    assert match, "no fenced block after the walk-through marker"
+    return match.group(1)
+
+
+def commands(block: str) -> list[str]:
+    """The block's commands, comments stripped, `\\` continuations joined."""
+    joined = re.sub(r"\\\n\s*", " ", block)
+    out = []
+    for line in joined.splitlines():
+        line = re.sub(r"\s+#\s.*$", "", line).strip()
+        if line and not line.startswith("#"):
+            out.append(line)
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_walkthrough_is_in_the_readme_and_consistent():
+    cmds = commands(walkthrough_block(README.read_text()))
+    firsts = [c.split()[:2] for c in cmds]
+    for step in (["bertzoo", "train"], ["bertzoo", "predict"], ["bertzoo", "export"], ["bertzoo", "serve"],
+                 ["bertzoo", "client"]):
+        assert step in firsts, f"the walk-through has no `{' '.join(step)}`"
+    assert any(c.startswith(". .venv/bin/activate") for c in cmds), "the walk-through does not activate .venv"
+    assert any(c.startswith("curl") and DEFAULT_METRICS in c for c in cmds), "no metrics call on the default port"
+    export = next(c for c in cmds if c.startswith("bertzoo export"))
+    serve = next(c for c in cmds if c.startswith("bertzoo serve"))
+    # What is exported is what is served: an int8 export is served with --variant int8.
+    assert ("--int8" in export) == ("--variant int8" in serve), (export, serve)
+
+
+@pytest.mark.slow
+def test_readme_walkthrough_runs(tmp_path):
+    venv = Path(sys.prefix)
+    if not (venv / "bin" / "activate").exists():
+        pytest.skip(f"pytest does not run from a virtual environment ({venv}): nothing for .venv to be")
+    block = walkthrough_block(README.read_text())
+    port, metrics_port = free_port(), free_port()
+    assert DEFAULT_METRICS in block
+    block = block.replace(DEFAULT_METRICS, f"localhost:{metrics_port}")
+    (tmp_path / ".venv").symlink_to(venv)
+    script = ("set -euo pipefail\n"
+              "trap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n" + block)
+    env = dict(os.environ, BERTZOO_PORT=str(port), BERTZOO_TARGET=f"localhost:{port}",
+               BERTZOO_METRICS_PORT=str(metrics_port), BERTZOO_TRAIN_EVAL_LIMIT_PER_TASK="8",
+               BERTZOO_TRAIN_NO_PROGRESS="true")
+    env.pop("VIRTUAL_ENV", None)
+    proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=1200)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert (tmp_path / "artifacts").is_dir() and (tmp_path / "runs").is_dir()
+    assert '"label"' in proc.stdout, proc.stdout[-3000:]  # the client's answer
+    assert re.search(r'bertzoo_requests_total\{code="OK",task="sentiment"\} [1-9]', proc.stdout), proc.stdout[-3000:]
+    assert "ready: health SERVING" in out and "(int8)" in out  # it served the variant it exported
