@@ -201,8 +201,10 @@ def _export_into(work: Path, out: Path, model, train_config: TrainConfig, tokeni
     if options.hf:
         from . import hf
 
+        # The backbone's pooler only where the encoder started from the backbone's weights.
+        pooler = None if train_config.random_init else hf.backbone_pooler(train_config.backbone, enc.hidden_size)
         reports["hf"] = {"files": hf.write_hf(model, tokenizer, source / TOKENIZER, work / "hf",
-                                              train_config.max_seq_length, labels)}
+                                              train_config.max_seq_length, labels, pooler)}
     manifest = {
         "model": {"tasks": list(model.heads), "encoder": enc.to_dict(), "pooling": model.config.pooling,
                   "similarity_head": model.config.similarity_head, "qa_null_threshold": model.config.qa_null_threshold},

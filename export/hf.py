@@ -11,22 +11,34 @@ Layout::
       modules.json, sentence_bert_config.json, 1_Pooling/config.json, 2_Normalize/   sentence-transformers
       heads.safetensors, heads.json           the task heads ("heads.<task>.*" tensors) and how to apply them
 
-The encoder mirrors HF's module names (trainer/model.py), so its state dict is a BertModel's without the pooler,
-which nothing here uses (transformers initialises one and says so). An SSAF encoder (sparsegen-lin attention) has no
-transformers counterpart and is refused.
+The encoder mirrors HF's module names (trainer/model.py), so its state dict is a BertModel's without the pooler
+(``pooler.dense``, the tanh layer over [CLS] of BERT's pretraining), which bertzoo never uses. ``AutoModel`` builds a
+BertModel with a pooler whatever the config says (only its constructor's ``add_pooling_layer`` turns it off), so the
+directory carries one, and transformers loads it with no missing or unexpected weight and no "newly initialized"
+warning: the backbone's pooler when the encoder started from the backbone's weights (as all-MiniLM-L6-v2 has one),
+else a freshly initialised one (a random-init encoder, or a backbone without a pooler). ``heads.json`` says which.
+Either way ``pooler_output`` is not something bertzoo trained: use ``last_hidden_state`` and the pooling of
+``1_Pooling``. An SSAF encoder (sparsegen-lin attention) has no transformers counterpart and is refused.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
+import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from bertzoo.backbone import resolve_backbone
 from bertzoo.errors import UserError
 from bertzoo.tokenization import Tokenizer
 from bertzoo.trainer.heads import MultitaskModel
 
+log = logging.getLogger("bertzoo.export")
+
+POOLER = ("pooler.dense.weight", "pooler.dense.bias")
 SPECIAL_TOKENS = {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]", "mask_token": "[MASK]",
                   "unk_token": "[UNK]"}
 
@@ -64,9 +76,34 @@ def check_exportable(model: MultitaskModel) -> None:
                             "compute (it would silently use softmax); export it without --hf")
 
 
+def backbone_pooler(backbone: str | None, hidden_size: int) -> dict[str, torch.Tensor] | None:
+    """The pooler weights of a backbone (``TrainConfig.backbone``: None or "default" is all-MiniLM-L6-v2), or None
+    where it has none of this width or cannot be read any more (a backbone directory moved since training)."""
+    try:
+        weights = resolve_backbone(backbone).weights_path
+        with safe_open(str(weights), "pt") as f:
+            present = set(f.keys())
+            pooler = {k: f.get_tensor(k) for k in POOLER if k in present}
+    except (UserError, OSError, SafetensorError) as e:
+        log.warning("--hf: the backbone's pooler could not be read (%s); the directory gets a fresh one", e)
+        return None
+    if set(pooler) != set(POOLER) or pooler[POOLER[0]].shape != (hidden_size, hidden_size):
+        return None
+    return {k: v.float().contiguous() for k, v in pooler.items()}
+
+
+def _fresh_pooler(hidden_size: int, initializer_range: float = 0.02) -> dict[str, torch.Tensor]:
+    """BERT's initialisation (normal weights, zero bias), seeded so that one checkpoint always exports the same
+    files."""
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(hidden_size, hidden_size, generator=generator) * initializer_range
+    return {POOLER[0]: weight, POOLER[1]: torch.zeros(hidden_size)}
+
+
 def write_hf(model: MultitaskModel, tokenizer: Tokenizer, tokenizer_file: Path, directory: Path,
-             max_seq_length: int, labels: dict) -> list[str]:
-    """Write the Hugging Face directory; returns the files written (relative to ``directory``)."""
+             max_seq_length: int, labels: dict, pooler: dict[str, torch.Tensor] | None = None) -> list[str]:
+    """Write the Hugging Face directory; returns the files written (relative to ``directory``). ``pooler``: the
+    backbone's pooler weights (:func:`backbone_pooler`), None for a fresh one."""
     check_exportable(model)
     enc = model.config.encoder
     directory.mkdir(parents=True)
@@ -84,7 +121,9 @@ def write_hf(model: MultitaskModel, tokenizer: Tokenizer, tokenizer_file: Path, 
         "max_position_embeddings": enc.max_position_embeddings, "type_vocab_size": enc.type_vocab_size,
         "layer_norm_eps": enc.layer_norm_eps, "pad_token_id": enc.pad_token_id, "initializer_range": 0.02,
         "position_embedding_type": "absolute", "torch_dtype": "float32"})
-    save_file({k: v.detach().float().contiguous() for k, v in model.encoder.state_dict().items()},
+    pooler_source = "the backbone's (not trained by bertzoo)" if pooler else "freshly initialised (not trained)"
+    pooler = pooler or _fresh_pooler(enc.hidden_size)
+    save_file({**{k: v.detach().float().contiguous() for k, v in model.encoder.state_dict().items()}, **pooler},
               str(directory / "model.safetensors"), metadata={"format": "pt"})
 
     (directory / "tokenizer.json").write_bytes(tokenizer_file.read_bytes())
@@ -109,5 +148,7 @@ def write_hf(model: MultitaskModel, tokenizer: Tokenizer, tokenizer_file: Path, 
     heads = {k: v.detach().float().contiguous() for k, v in model.state_dict().items() if k.startswith("heads.")}
     save_file(heads, str(directory / "heads.safetensors"), metadata={"format": "pt"})
     write_json("heads.json", {"tensors": "heads.safetensors (names heads.<task>.*)", "labels": labels,
+                              "pooler": f"pooler.dense in model.safetensors: {pooler_source}; bertzoo pools "
+                                        "last_hidden_state as 1_Pooling says",
                               "tasks": _head_recipes(model), "model_config": model.config.to_dict()})
     return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())

@@ -82,3 +82,35 @@ def test_an_ssaf_encoder_is_refused(tmp_path):
     config = ModelConfig(EncoderConfig(**TINY_ENCODER, attention="sparsegen_lin", sparsegen_lambda=-1.0))
     with pytest.raises(HFExportError, match="sparsegen_lin"):
         write_hf(MultitaskModel(config), None, tmp_path / "tokenizer.json", tmp_path / "hf", 128, {})
+
+
+def assert_loads_cleanly(directory):
+    """transformers' own report of the load: every weight it wanted was there and nothing was left over."""
+    model, info = transformers.AutoModel.from_pretrained(directory, output_loading_info=True)
+    for kind in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
+        assert not info.get(kind), f"{kind}: {info[kind]}"
+    return model
+
+
+def test_automodel_loads_with_no_missing_or_unexpected_weight(hf_artifact):
+    _, artifact = hf_artifact
+    assert_loads_cleanly(artifact / "hf")  # a random-init encoder: a fresh pooler, said so in heads.json
+    assert "freshly initialised" in json.loads((artifact / "hf" / "heads.json").read_text())["pooler"]
+
+
+def test_an_encoder_from_the_backbone_exports_the_backbones_pooler(tmp_path):
+    from bertzoo.backbone import resolve_backbone
+    from bertzoo.export.hf import backbone_pooler
+    from bertzoo.trainer.config import TrainConfig
+    from bertzoo.trainer.train import build_model
+
+    model, tokenizer = build_model(TrainConfig(tasks=("sentiment",)))  # all-MiniLM-L6-v2's weights, untrained heads
+    pooler = backbone_pooler(None, model.config.encoder.hidden_size)
+    assert pooler is not None and backbone_pooler(None, 32) is None  # a width the backbone's pooler does not have
+    tokenizer_file = tmp_path / "tokenizer.json"
+    tokenizer_file.write_text(tokenizer.to_str())
+    write_hf(model, tokenizer, tokenizer_file, tmp_path / "hf", 128, {}, pooler)
+    hf = assert_loads_cleanly(tmp_path / "hf")
+    original = load_file(str(resolve_backbone(None).weights_path))
+    assert torch.equal(hf.pooler.dense.weight.detach(), original["pooler.dense.weight"].float())
+    assert "the backbone's" in json.loads((tmp_path / "hf" / "heads.json").read_text())["pooler"]
