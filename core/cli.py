@@ -105,16 +105,23 @@ def main(verbose: bool) -> None:
               help="Data directory in the standard layout (see README). Default: the small bundled samples.")
 @click.option("--out", "out_dir", default="runs/default", help="Run directory: checkpoints, logs, metrics.")
 @click.option("--tasks", default=None, help=f"Comma-separated tasks to train [default: {','.join(TASK_NAMES)}].")
-@click.option("--sentiment-dataset", type=click.Choice(["sst5", "cfimdb", "sst2"]), default=None)
+@click.option("--sentiment-dataset", type=click.Choice(["sst5", "cfimdb", "sst2"]), default=None,
+              help="Sentiment data: SST-5 (5 labels), CFIMDB or GLUE SST-2 (2 labels each) [default: sst5].")
 @click.option("--backbone", default=None, help="'default' (all-MiniLM-L6-v2) or a HuggingFace BERT directory.")
 @click.option("--random-init", is_flag=True, default=None, help="Build the encoder from the backbone config only.")
 @click.option("--encoder", "encoder_overrides", multiple=True, metavar="KEY=VALUE",
               help="Encoder config override, e.g. attention=sparsegen_lin, sparsegen_lambda=-3, num_hidden_layers=2.")
-@click.option("--pooling", type=click.Choice(["cls", "mean"]), default=None)
-@click.option("--similarity-head", type=click.Choice(["cosine", "concat"]), default=None)
-@click.option("--max-seq-length", type=int, default=None)
-@click.option("--qa-max-length", type=int, default=None)
-@click.option("--qa-doc-stride", type=int, default=None)
+@click.option("--pooling", type=click.Choice(["cls", "mean"]), default=None,
+              help="A sentence's vector: the mean of its real tokens' states, or the [CLS] state [default: mean].")
+@click.option("--similarity-head", type=click.Choice(["cosine", "concat"]), default=None,
+              help="cosine: 5 x the cosine of the two vectors; concat: a regressor on [u; v; |u - v|] (the zoo's "
+                   "heads: --set similarity_head=...) [default: cosine].")
+@click.option("--max-seq-length", type=int, default=None,
+              help="Tokens per sentence; longer sentences are cut [default: 128].")
+@click.option("--qa-max-length", type=int, default=None,
+              help="Tokens per QA window: the question and a piece of the context [default: 384].")
+@click.option("--qa-doc-stride", type=int, default=None,
+              help="Context tokens shared by consecutive windows of a long context [default: 128].")
 @click.option("--qa-unanswerable-fraction", type=float, default=None,
               help="Top SQuAD 2.0 train data up to this share of unanswerable questions with synthetic ones "
                    "[default: 0.5; 0: off].")
@@ -123,32 +130,40 @@ def main(verbose: bool) -> None:
                    "refitted at each checkpoint when articles are held out for it].")
 @click.option("--qa-calibration-articles", type=int, default=None,
               help="SQuAD 2.0 articles held out of training to fit the no-answer threshold [default: 1; 0: off].")
-@click.option("--epochs", type=float, default=None)
+@click.option("--epochs", type=float, default=None,
+              help="Passes over every task's training data, fractions allowed [default: 1].")
 @click.option("--max-steps", type=int, default=None, help="Stop after this many steps (overrides --epochs).")
 @click.option("--sst-phrases", type=click.Path(exists=True, dir_okay=False), default=None,
               help="An SST tree file (sst-trees/train.txt) whose labelled phrases join the sentiment training data.")
 @click.option("--limit-per-task", type=int, default=None, help="Use only the first N training examples per task.")
 @click.option("--eval-limit-per-task", type=int, default=None, help="Evaluate on the first N dev examples per task.")
-@click.option("--batch-size", type=int, default=None)
+@click.option("--batch-size", type=int, default=None,
+              help="Items per step and process; a pair task's item is two sentences [default: 16].")
 @click.option("--batch-tokens", type=int, default=None,
               help="Length-grouped batches of up to this many padded tokens (never below --batch-size items).")
 @click.option("--batch-tokens-tasks", default=None, callback=lambda _ctx, _param, v: _parse_tasks(v) if v else None,
               help="Comma-separated tasks that --batch-tokens applies to [default: all]; the others keep --batch-size.")
-@click.option("--lr", type=float, default=None)
-@click.option("--head-lr", type=float, default=None)
+@click.option("--lr", type=float, default=None,
+              help="The encoder's peak learning rate (AdamW, linear warmup then linear decay) [default: 5e-05].")
+@click.option("--head-lr", type=float, default=None, help="The task heads' peak learning rate [default: 0.001].")
 @click.option("--lr-layer-decay", type=float, default=None,
               help="Layer-wise lr decay: each encoder layer trains at this times the rate of the one above [1: off].")
-@click.option("--weight-decay", type=float, default=None)
-@click.option("--warmup-ratio", type=float, default=None)
-@click.option("--grad-clip", type=float, default=None)
+@click.option("--weight-decay", type=float, default=None,
+              help="AdamW weight decay, not on biases and LayerNorm weights [default: 0.01].")
+@click.option("--warmup-ratio", type=float, default=None,
+              help="Share of the steps over which the learning rate rises from 0 [default: 0.1].")
+@click.option("--grad-clip", type=float, default=None,
+              help="Clip the gradients' global norm to this [default: 1.0].")
 @click.option("--sampling", type=click.Choice(["round_robin", "proportional", "annealed", "dynamic"]), default=None,
               help="Task sampling; dynamic = task prioritization (paper 004), see the dtp_* settings.")
 @click.option("--precision", type=click.Choice(["auto", "fp32", "bf16"]), default=None,
               help="auto: bf16 autocast on a GPU that supports it, fp32 on a CPU; bf16 is faster on a CPU with native "
                    "bf16 (avx512_bf16, AMX) [default: auto].")
-@click.option("--seed", type=int, default=None)
-@click.option("--log-every", type=int, default=None)
-@click.option("--keep-checkpoints", type=int, default=None)
+@click.option("--seed", type=int, default=None,
+              help="Random seed: a run is reproducible from it, resumed or not [default: 0].")
+@click.option("--log-every", type=int, default=None, help="A train_log.jsonl record every N steps [default: 10].")
+@click.option("--keep-checkpoints", type=int, default=None,
+              help="Keep the N newest checkpoints, and BEST [default: 2].")
 @click.option("--save-every", type=int, default=None,
               help="Also checkpoint every N steps (no evaluation): a killed run loses at most N steps on --resume.")
 @click.option("--save-every-minutes", type=float, default=None, help="Also checkpoint every this many minutes.")
@@ -237,7 +252,7 @@ def _load(checkpoint: str):
 @click.argument("checkpoint", type=click.Path(exists=True))
 @click.option("--data", "data_dir", type=click.Path(exists=True, file_okay=False), default=None,
               help="Data directory (default: the bundled samples).")
-@click.option("--split", default="dev")
+@click.option("--split", type=click.Choice(["dev", "train"]), default="dev", help="Which files of --data to score.")
 @click.option("--tasks", default=None, help="Comma-separated subset of the model's tasks.")
 @click.option("--limit", type=int, default=None, help="Evaluate on the first N examples per task.")
 @click.option("--json-out", type=click.Path(dir_okay=False), default=None, help="Also write the metrics as JSON.")
@@ -262,7 +277,7 @@ def eval_command(checkpoint: str, data_dir: str | None, split: str, tasks: str |
 
 @main.command()
 @click.argument("checkpoint", type=click.Path(exists=True))
-@click.option("--task", type=click.Choice(TASK_NAMES), required=True)
+@click.option("--task", type=click.Choice(TASK_NAMES), required=True, help="The trained task that answers.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print {\"results\": [...]} with the field names of the RPC's answer (as `bertzoo client` does).")
 @click.argument("texts", nargs=-1, required=True)
@@ -335,6 +350,23 @@ def export_command(checkpoint: str, out_dir: str, **options) -> None:
 # These commands live in their own modules, which know nothing of ``main``.
 for command in (zoo, viz, pretrain, serve, client_command, bench_serve):
     main.add_command(command)
+
+# `bertzoo --help`'s one-line summaries, whole: click would otherwise cut each docstring's first sentence at the
+# terminal's width (about 60 characters), mid-sentence.
+SUMMARIES = {
+    "train": "Fine-tune a multitask model and evaluate it on dev.",
+    "eval": "Score a checkpoint on a split: each task's official metric.",
+    "predict": "Answer texts with a checkpoint, for one task.",
+    "export": "Export a checkpoint to an artifact that serve loads.",
+    "serve": "Serve an artifact (or a checkpoint) over gRPC.",
+    "client": "Call a running server; print the answer as JSON.",
+    "bench-serve": "Load-test a running server: throughput and latency.",
+    "pretrain": "Masked-language-model pre-training of a backbone.",
+    "viz": "Draw a checkpoint's attention on a text as heatmaps.",
+    "zoo": "The attention-variant zoo's presets.",
+}
+for name, summary in SUMMARIES.items():
+    main.commands[name].short_help = summary
 
 if __name__ == "__main__":
     main()

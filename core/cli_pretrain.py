@@ -21,7 +21,8 @@ def _parse_patterns(value: str) -> tuple[str, ...]:
 @click.argument("corpus", nargs=-1, type=click.Path(exists=True, dir_okay=False))
 @click.option("--data", "data_dir", type=click.Path(exists=True, file_okay=False), default=None,
               help="Also use the sentences of this data directory's sentiment, paraphrase and similarity train files.")
-@click.option("--sentiment-dataset", type=click.Choice(["sst5", "cfimdb", "sst2"]), default="sst5")
+@click.option("--sentiment-dataset", type=click.Choice(["sst5", "cfimdb", "sst2"]), default="sst5",
+              help="Which sentiment train file of --data to read.")
 @click.option("--out", "out_dir", default=DEFAULTS["out_dir"],
               help="Output directory: train_log.jsonl, loss_curve.png, backbone/.")
 @click.option("--backbone", default=DEFAULTS["backbone"],
@@ -29,18 +30,21 @@ def _parse_patterns(value: str) -> tuple[str, ...]:
 @click.option("--random-init", is_flag=True, help="Random weights from the backbone's config (see --encoder).")
 @click.option("--encoder", "encoder_overrides", multiple=True, metavar="KEY=VALUE",
               help="Encoder config override, e.g. num_hidden_layers=4 hidden_size=256 num_attention_heads=4.")
-@click.option("--max-steps", type=int, default=DEFAULTS["max_steps"])
-@click.option("--batch-size", type=int, default=DEFAULTS["batch_size"])
-@click.option("--max-seq-length", type=int, default=DEFAULTS["max_seq_length"])
-@click.option("--lr", type=float, default=DEFAULTS["lr"])
-@click.option("--warmup-ratio", type=float, default=DEFAULTS["warmup_ratio"])
-@click.option("--seed", type=int, default=DEFAULTS["seed"])
+@click.option("--max-steps", type=int, default=DEFAULTS["max_steps"], help="Optimizer steps.")
+@click.option("--batch-size", type=int, default=DEFAULTS["batch_size"], help="Sequences per step.")
+@click.option("--max-seq-length", type=int, default=DEFAULTS["max_seq_length"],
+              help="Tokens per sequence; longer texts are cut.")
+@click.option("--lr", type=float, default=DEFAULTS["lr"], help="Peak learning rate (AdamW).")
+@click.option("--warmup-ratio", type=float, default=DEFAULTS["warmup_ratio"],
+              help="Share of the steps over which the learning rate rises from 0.")
+@click.option("--seed", type=int, default=DEFAULTS["seed"], help="Random seed.")
 @click.option("--ag-weight", type=float, default=DEFAULTS["ag_weight"],
               help="Attention guidance alpha_0 (decayed linearly to 0); 0: off. The paper uses 100 for small models.")
 @click.option("--ag-fraction", type=float, default=DEFAULTS["ag_fraction"], help="Share of guided heads per layer.")
 @click.option("--ag-patterns", default=",".join(DEFAULTS["ag_patterns"]),
               help="Comma-separated, from first, next, prev, delim, period: one head each, the last fills the rest.")
-@click.option("--log-every", type=int, default=DEFAULTS["log_every"])
+@click.option("--log-every", type=int, default=DEFAULTS["log_every"],
+              help="A train_log.jsonl record every N steps.")
 @click.option("--eval-every", type=int, default=DEFAULTS["eval_every"],
               help="Held-out MLM loss every N steps (0: only at the end).")
 @click.option("--heldout-size", type=int, default=DEFAULTS["heldout_size"],

@@ -130,11 +130,14 @@ def _client_options(command):
     of BertzooClient's keyword arguments (and ``timeout``)."""
 
     @functools.wraps(command)
-    def with_connection(*args, target: str, token: str | None, tls: bool, tls_ca: str | None,
+    def with_connection(*args, target: str, auth_token: str | None, token: str | None, tls: bool, tls_ca: str | None,
                         tls_client_cert: str | None, tls_client_key: str | None, **kwargs):
         if (tls_client_cert is None) != (tls_client_key is None):
             raise click.UsageError("--tls-client-cert and --tls-client-key go together")
-        connection = {"target": target, "token": token, "tls": tls or tls_client_cert is not None,
+        if auth_token is not None and token is not None and auth_token != token:
+            raise click.UsageError("--token is the old name of --auth-token: pass one of them")
+        connection = {"target": target, "token": auth_token if auth_token is not None else token,
+                      "tls": tls or tls_client_cert is not None,
                       "root_certificates": tls_ca, "certificate_chain": tls_client_cert, "private_key": tls_client_key}
         return command(*args, connection=connection, **kwargs)
 
@@ -142,8 +145,10 @@ def _client_options(command):
     for decorator in (
         click.option("--target", default="localhost:50051", envvar="BERTZOO_TARGET", show_envvar=True,
                      help="Server address, host:port."),
-        click.option("--token", envvar="BERTZOO_AUTH_TOKEN", show_envvar=True,
-                     help="Bearer token, if the server wants one."),
+        # --auth-token, as `serve` spells the token it wants; --token, its old name, stays hidden.
+        click.option("--auth-token", envvar="BERTZOO_AUTH_TOKEN", show_envvar=True,
+                     help="Bearer token, if the server wants one (serve --auth-token)."),
+        click.option("--token", hidden=True, help="The old name of --auth-token."),
         click.option("--tls", is_flag=True, help="Connect with TLS (system root certificates)."),
         click.option("--tls-ca", type=pem, help="Connect with TLS, trusting this PEM certificate (implies --tls)."),
         click.option("--tls-client-cert", type=pem, envvar="BERTZOO_TLS_CLIENT_CERT", show_envvar=True,
@@ -254,11 +259,15 @@ def _answer_file(task: str, texts: tuple[str, ...], input_file: str | None, outp
 
 
 @click.command("bench-serve")
-@click.option("--task", type=click.Choice(SERVE_TASKS), default="sentiment")
-@click.option("--data", type=click.Path(exists=True, dir_okay=False), default=None,
+@click.option("--task", type=click.Choice(SERVE_TASKS), default="sentiment", help="The RPC to load.")
+# --input, as `client --input` names a file of inputs (train, eval and export's --data is a data directory); --data,
+# its old name, stays hidden.
+@click.option("--input", "input_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Inputs: an SST dev file (ids-sst-dev.csv, GLUE .tsv, or a .txt of one text per line) for "
                    "sentiment / embed, quora / sts .csv for the pair tasks, SQuAD .json for qa [default: the bundled "
                    "dev sample].")
+@click.option("--data", "data_alias", type=click.Path(exists=True, dir_okay=False), default=None, hidden=True,
+              help="The old name of --input.")
 @click.option("--concurrency", type=int, default=8, help="Concurrent clients, each with its own connection.")
 @click.option("--duration", type=float, default=10.0, help="Seconds to run (unless --requests).")
 @click.option("--requests", "request_count", type=int, default=None, help="Send this many requests, then stop.")
@@ -267,8 +276,9 @@ def _answer_file(task: str, texts: tuple[str, ...], input_file: str | None, outp
               "(SentimentStream, ...) instead of one call each.")
 @click.option("--json-out", type=click.Path(dir_okay=False), default=None, help="Also write the summary as JSON.")
 @_client_options
-def bench_serve(task: str, data: str | None, concurrency: int, duration: float, request_count: int | None, items: int,
-                stream: bool, json_out: str | None, connection: dict, timeout: float) -> None:
+def bench_serve(task: str, input_file: str | None, data_alias: str | None, concurrency: int, duration: float,
+                request_count: int | None, items: int, stream: bool, json_out: str | None, connection: dict,
+                timeout: float) -> None:
     """Load-test a running server: N concurrent clients with real sentences; throughput, p50/p95/p99, errors."""
     import asyncio
 
@@ -277,7 +287,7 @@ def bench_serve(task: str, data: str | None, concurrency: int, duration: float, 
 
     if concurrency < 1 or items < 1:
         raise click.UsageError("--concurrency and --items must be >= 1")
-    inputs = load_items(task, data)
+    inputs = load_items(task, input_file or data_alias)
     with BertzooClient(**connection) as client:
         try:
             client.wait_ready(timeout=timeout)

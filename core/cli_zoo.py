@@ -14,7 +14,7 @@ def zoo() -> None:
     """The attention-variant zoo's presets (core/presets/*.toml)."""
 
 
-@zoo.command("list")
+@zoo.command("list", short_help="Each preset, its description and its paper.")
 def zoo_list() -> None:
     """Each preset with its one-line description and the paper it implements."""
     presets = [load_preset(name) for name in preset_names()]
@@ -24,7 +24,7 @@ def zoo_list() -> None:
         click.echo(f"{'':<{width}}  paper: {p.paper}")
 
 
-@zoo.command("show")
+@zoo.command("show", short_help="The resolved training config of a preset.")
 @click.argument("name")
 def zoo_show(name: str) -> None:
     """The resolved training config of preset NAME (or a preset .toml file): defaults, then the preset."""
