@@ -75,3 +75,28 @@ def test_bench_serve_reads_a_file_of_inputs_from_input_and_data_as_a_hidden_alia
     assert seen == [dev, dev]
     shown = CliRunner().invoke(main, ["bench-serve", "--help"]).output
     assert "--input" in shown and "--data" not in shown
+
+
+def test_train_helps_state_the_training_configs_defaults():
+    """train's options default to None (a preset or a resumed run's config fills them), so their help states
+    TrainConfig's default in words: it must stay the dataclass's."""
+    import re
+    from dataclasses import fields
+
+    from bertzoo.trainer.config import TrainConfig
+
+    defaults = {f.name: f.default for f in fields(TrainConfig)}
+    checked = 0
+    for param in main.commands["train"].params:
+        stated = re.search(r"\[default: ([^;\]]+)", param.help or "")
+        if not stated or param.name not in defaults or param.name == "batch_tokens_tasks":  # "all" means ()
+            continue
+        value, default = stated.group(1).strip(), defaults[param.name]
+        if isinstance(default, tuple):
+            assert value == ",".join(default), param.name
+        elif isinstance(default, (int, float)) and not isinstance(default, bool):
+            assert float(value) == default, param.name
+        else:
+            assert value == str(default), param.name
+        checked += 1
+    assert checked >= 15
