@@ -44,6 +44,10 @@ def _serve_option(*decls: str, name: str, **kwargs):
 @_serve_option("--threads", name="threads", type=int, help="Backend intra-op threads [default: all cores].")
 @_serve_option("--ort-spinning/--no-ort-spinning", name="ort_spinning",
                help="ONNX Runtime threads spin between ops: lower latency, busier idle CPU.")
+@_serve_option("--frontends", name="frontends", type=str, default="auto",
+               help="Front-end processes doing gRPC, tokenization and post-processing in front of one engine process; "
+                    "1: one process. auto: 1 on the CPU below 16 cores (cores // 8 above), half the cores (at most 8) "
+                    "with --device cuda.")
 @_serve_option("--host", name="host", help="Address the gRPC port binds to.")
 @_serve_option("--port", name="port", type=int, help="gRPC port.")
 @_serve_option("--metrics-host", name="metrics_host", help="Address of the metrics endpoint (local by default).")
@@ -105,12 +109,17 @@ def serve(auth_token_file: str | None, max_batch_size: int, max_batch_tokens: in
     from bertzoo.artifact import ArtifactError
     from bertzoo.serving.backends import BackendUnavailable, check_available, check_model_dir
     from bertzoo.serving.config import BatchSettings, ServeConfig
+    from bertzoo.serving.frontends import frontend_count, run_with_frontends
     from bertzoo.serving.grpc_server import run_serve
 
     if auth_token_file:
         options["auth_token"] = Path(auth_token_file).read_text().strip()
     if pad_to is None:
         pad_to = "bucket" if options["device"] == "cuda" else "longest"
+    frontends = options.pop("frontends")
+    if frontends != "auto" and not frontends.isdigit():
+        raise click.BadParameter(f"{frontends!r} is neither auto nor a number of processes", param_hint="--frontends")
+    options["frontends"] = None if frontends == "auto" else int(frontends)
     try:
         batch = BatchSettings(max_batch_size, max_batch_tokens, max_queue, max_queue_delay_ms, pad_to)
         config = ServeConfig(batch=batch, **options)
@@ -120,7 +129,11 @@ def serve(auth_token_file: str | None, max_batch_size: int, max_batch_tokens: in
         # Before the port is bound: one line naming what to install, or what MODEL_DIR should be.
         check_available(config.backend, config.device)
         check_model_dir(config.backend, config.model_dir, config.verify_key)
-        run_serve(config)
+        count = frontend_count(config)
+        if count == 1:
+            run_serve(config)
+        elif code := run_with_frontends(config, count):
+            sys.exit(code)
     except (ArtifactError, BackendUnavailable, FileNotFoundError, OSError) as e:
         raise click.ClickException(str(e)) from e
 

@@ -169,6 +169,11 @@ class Batcher:
 
     # ------------------------------------------------------------------ requests
 
+    @property
+    def waiting(self) -> int:
+        """Requests waiting in the queue (what ``max_queue`` bounds)."""
+        return self._waiting_jobs
+
     def check_room(self) -> None:
         """Raise what :meth:`submit` would raise now for lack of room: lets a caller refuse before tokenizing."""
         if self._closing:

@@ -21,27 +21,28 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from .batcher import Batcher
-from .config import BatchSettings, ServeConfig
-from .engine import EMBED, EngineRunner, padded_width
+from .config import ServeConfig
+from .engine import EMBED
 from .interceptors import BearerTokenInterceptor, MalformedRequestInterceptor
+from .lanes import Lanes, ModelLoader, open_local_lanes
 from .metrics import Metrics
-from .model import ServedModel, load_served_model, release_freed_memory, runtime_versions, warm_up
+from .model import load_served_model, runtime_versions
+from .ports import address, check_free
 from .proto import SERVICE_NAME, pb2_grpc
 from .servicer import BertzooServicer
 from .tasks_service import TaskService
-from .workers import instance_cores, model_worker
 
 log = logging.getLogger("bertzoo.serving")
 
-ModelLoader = Callable[[ServeConfig], ServedModel]
+# Opens the lanes a server's task service runs on (serving/lanes.py).
+LaneOpener = Callable[[], Awaitable[Lanes]]
 # Load balancers and orchestrators probe health without credentials.
 OPEN_METHODS = (f"/{health.SERVICE_NAME}/Check", f"/{health.SERVICE_NAME}/Watch")
 _TASK_METHODS = {"Sentiment": "sentiment", "Paraphrase": "paraphrase", "Similarity": "similarity", "QA": "qa",
@@ -52,24 +53,23 @@ METHOD_TASKS = {**_TASK_METHODS, **{f"{m}Stream": t for m, t in _TASK_METHODS.it
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
 
-def _address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
-
-
 class BertzooServer:
     def __init__(self, config: ServeConfig, loader: ModelLoader = load_served_model,
-                 metrics: Metrics | None = None) -> None:
-        """``loader`` builds the served model from the config (tests wrap the backend through it)."""
+                 metrics: Metrics | None = None, open_lanes: LaneOpener | None = None,
+                 share_port: bool = False) -> None:
+        """``loader`` builds the served model from the config (tests wrap the backend through it), in this process
+        unless ``open_lanes`` opens the lanes elsewhere (a front end's link to the engine process). ``share_port``:
+        bind with SO_REUSEPORT, beside the other front ends of the same server (serving/frontends.py)."""
         self.config = config
         self.metrics = metrics if metrics is not None else Metrics()
         self.port: int | None = None
         self.metrics_port: int | None = None
-        self._loader = loader
+        self._open_lanes = open_lanes or (lambda: open_local_lanes(config, loader, self.metrics))
+        self._share_port = share_port
         self._server: grpc.aio.Server | None = None
         self._servicer: BertzooServicer | None = None
         self._health: health.aio.HealthServicer | None = None
-        self._batcher: Batcher | None = None
-        self._long_lane: Batcher | None = None
+        self._lanes: Lanes | None = None
         self._service: TaskService | None = None
 
     def _count_refused(self, method: str, code: grpc.StatusCode, reason: str) -> None:
@@ -85,12 +85,13 @@ class BertzooServer:
         if config.auth_token:
             interceptors.append(BearerTokenInterceptor(config.auth_token, OPEN_METHODS, self._count_refused))
         interceptors.append(MalformedRequestInterceptor(self._count_refused, config.message_limit))
-        # SO_REUSEPORT off: a second server on a busy port must fail, not silently share it. gRPC's own receive limit
-        # sits above ours, so a request over ours reaches the interceptor, which answers and counts it; gRPC itself
-        # refuses (uncounted) only what is more than 4 times over, without buffering it.
+        # SO_REUSEPORT off, except among one server's own front ends (whose parent holds the port): a second server
+        # on a busy port must fail, not silently share it. gRPC's own receive limit sits above ours, so a request
+        # over ours reaches the interceptor, which answers and counts it; gRPC itself refuses (uncounted) only what
+        # is more than 4 times over, without buffering it.
         # Clients' keepalive pings (every 30 s by default, serving/client.py) are welcome, even between calls.
         server = grpc.aio.server(interceptors=interceptors, options=[
-            ("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 4 * config.message_limit),
+            ("grpc.so_reuseport", int(self._share_port)), ("grpc.max_receive_message_length", 4 * config.message_limit),
             ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.min_recv_ping_interval_without_data_ms", 10000)])
         servicer = self._servicer = BertzooServicer(lambda: self._service, config, self.metrics,
                                                     runtime_versions(config.backend))
@@ -98,7 +99,9 @@ class BertzooServer:
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-        address = _address(config.host, config.port)
+        listen_at = address(config.host, config.port)
+        if not self._share_port:  # our own one-line error, before gRPC's C core logs its own
+            check_free(config.host, config.port, "--port")
         try:
             if config.tls:
                 assert config.tls_cert is not None and config.tls_key is not None
@@ -106,13 +109,13 @@ class BertzooServer:
                 credentials = grpc.ssl_server_credentials(
                     [(Path(config.tls_key).read_bytes(), Path(config.tls_cert).read_bytes())],
                     root_certificates=client_ca, require_client_auth=client_ca is not None)
-                self.port = server.add_secure_port(address, credentials)
+                self.port = server.add_secure_port(listen_at, credentials)
             else:
-                self.port = server.add_insecure_port(address)
+                self.port = server.add_insecure_port(listen_at)
         except RuntimeError as e:  # grpc's way of saying the address is taken or invalid
-            raise OSError(f"could not listen on {address}: {e}") from e
+            raise OSError(f"could not listen on {listen_at}: {e} (--host, --port)") from e
         if not self.port:
-            raise OSError(f"could not listen on {address}")
+            raise OSError(f"could not listen on {listen_at} (--host, --port)")
         for service in ("", SERVICE_NAME):
             await self._health.set(service, NOT_SERVING)
         await server.start()
@@ -120,64 +123,28 @@ class BertzooServer:
         if config.metrics_port:
             self.metrics_port = self.metrics.serve(config.metrics_host, config.metrics_port)
         log.info("listening on %s (%s%s); health NOT_SERVING until the model is ready",
-                 _address(config.host, self.port), "TLS" if config.tls else "plaintext",
+                 address(config.host, self.port), "TLS" if config.tls else "plaintext",
                  ", bearer-token auth" if config.auth_token else "")
 
     async def load(self) -> None:
-        """Load and warm up the model (on a thread: the event loop keeps answering health), then report SERVING."""
+        """Open the engine's lanes (in this process: load and warm up the model on its worker threads, while the
+        event loop keeps answering health; with front ends: wait for the engine process), then report SERVING."""
         assert self._health is not None, "start() first"
-        config = self.config
-        # Loaded on the main lane's worker thread, whose CPU priority (and cores) the engine's threads inherit.
-        loop = asyncio.get_running_loop()
-        cores = (instance_cores(config.instances, config.engine_threads) if config.pin_instances
-                 else [None] * config.instances)
-        if cores[0] is not None:
-            log.info("engine instances on cores of their own: %s",
-                     ", ".join(f"{k} on {','.join(map(str, sorted(c)))}" for k, c in enumerate(cores)))
-        main_worker = model_worker("main", 0, cores[0])
-        try:
-            served = await loop.run_in_executor(main_worker, self._loader, config)
-            if config.warmup:
-                await loop.run_in_executor(main_worker, warm_up, served)
-        except BaseException:
-            main_worker.shutdown(wait=False)
-            raise
-        backend, pooling = served.backend, served.spec.pooling
-        # Items are grouped for batching by the width they will be padded to: with pad_to="longest" their own length
-        # rounded up to 8 (a batch pads no row by more than 7 tokens), with pad_to="bucket" the length bucket.
-        group = padded_width if config.batch.pad_to == "longest" else served.spec.bucket_for
-        more_instances = []
-        for instance in range(1, config.instances):  # more main-lane engines (config checked they can be rebuilt)
-            assert served.spare_backend is not None
-            worker = model_worker("main", instance, cores[instance])
-            engine = await loop.run_in_executor(worker, served.spare_backend)
-            if config.warmup:
-                await loop.run_in_executor(worker, warm_up, served, engine)
-            more_instances.append((EngineRunner(engine, pooling), worker))
-        self._batcher = Batcher(EngineRunner(backend, pooling), group, served.tokenizer.pad_id, config.batch,
-                                self.metrics, executor=main_worker, more_instances=more_instances)
-        self._batcher.start()
-        if served.spare_backend is not None and config.long_request_tokens < config.max_request_tokens:
-            # The long-request lane (only where a request can be long): its own engine instance, built and run on a
-            # low-priority thread.
-            worker = model_worker("long")
-            spare = await loop.run_in_executor(worker, served.spare_backend)
-            if config.warmup:
-                await loop.run_in_executor(worker, warm_up, served, spare)
-            self._long_lane = Batcher(EngineRunner(spare, pooling), group,
-                                      served.tokenizer.pad_id, long_lane_settings(config), self.metrics,
-                                      lane="long", executor=worker)
-            self._long_lane.start()
-        release_freed_memory()
-        self._service = TaskService(served, self._batcher, config, self.metrics, self._long_lane)
-        spec = served.spec
-        self.metrics.build_info.info({"backend": spec.backend, "device": spec.device, "precision": spec.precision,
-                                      "variant": spec.variant, "version": _version()})
+        lanes = self._lanes = await self._open_lanes()
+        self._service = TaskService(lanes, self.config, self.metrics)
+        spec = lanes.spec
+        self.metrics.build_info.labels(spec.backend, spec.device, spec.precision, spec.variant, _version()).set(1)
         self.metrics.start_tasks((*spec.tasks, EMBED))  # Embed needs no head
         for service in ("", SERVICE_NAME):
             await self._health.set(service, SERVING)
         self.metrics.ready.set(1)
         log.info("ready: health SERVING (%s on %s, %s)", spec.backend, spec.device, spec.precision)
+
+    async def not_serving(self) -> None:
+        """Health NOT_SERVING from now on (the engine process is gone; the server is about to stop)."""
+        self.metrics.ready.set(0)
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop accepting calls, let accepted ones finish (up to ``grace`` seconds; None: the configured
@@ -197,26 +164,14 @@ class BertzooServer:
                     break
                 await asyncio.sleep(0.01)
             if self._servicer is not None and self._servicer.cut_at_shutdown:
-                log.warning("shutdown: %d calls still running when the %.1f s grace ran out were cut (CANCELLED, "
+                log.warning("shutdown: %d calls still running when the %.1f s grace ran out were cut (UNAVAILABLE, "
                             "reason shutdown)", self._servicer.cut_at_shutdown, grace)
-        for batcher in (self._batcher, self._long_lane):
-            if batcher is not None:
-                await batcher.close(timeout=1.0)  # the calls are done: only cancelled leftovers can remain
+        if self._lanes is not None:
+            await self._lanes.close()
         if self._service is not None:
             self._service.close()
         self.metrics.close()
         log.info("stopped")
-
-
-# The long lane's batches: a few QA windows (4 x 384 tokens: ~0.4 s on 2 cores), so a cancelled request or one
-# past its deadline stops soon, and the engine's memory stays that of a small batch.
-LONG_LANE_BATCH_TOKENS = 2048
-
-
-def long_lane_settings(config: ServeConfig) -> BatchSettings:
-    return BatchSettings(max_batch_size=config.batch.max_batch_size,
-                         max_batch_tokens=min(config.batch.max_batch_tokens, LONG_LANE_BATCH_TOKENS),
-                         max_queue=config.batch.max_queue, pad_to=config.batch.pad_to)
 
 
 def _version() -> str:
@@ -229,26 +184,33 @@ def _version() -> str:
 
 
 def run_serve(config: ServeConfig) -> None:
-    """:func:`serve` on uvloop where it is installed (the serve extras install it on Linux and macOS), else on
+    """:func:`serve` on uvloop where it is installed (see :func:`run_on_best_loop`)."""
+    run_on_best_loop(lambda: serve(config))
+
+
+def run_on_best_loop(main: Callable[[], Awaitable[None]]) -> None:
+    """Run ``main()`` on uvloop where it is installed (the serve extras install it on Linux and macOS), else on
     asyncio's own loop. uvloop's loop costs the server less per call: int8 Sentiment at 64 clients was ahead in 8 of 8
     alternating rounds, by 1-4% (benchmarks/RESULTS.md)."""
     try:
         import uvloop
     except ImportError:
-        asyncio.run(serve(config))
+        asyncio.run(main())
         return
-    uvloop.run(serve(config))
+    uvloop.run(main())
 
 
-async def serve(config: ServeConfig, loader: ModelLoader = load_served_model) -> None:
-    """Run a server until SIGTERM or SIGINT, then drain it (``bertzoo serve``)."""
+async def serve(config: ServeConfig, loader: ModelLoader = load_served_model, server: BertzooServer | None = None,
+                stop_signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)) -> None:
+    """Run a server (default: one that loads the model in this process) until one of ``stop_signals``, then drain
+    it (``bertzoo serve``). The signal handlers are removed again when it returns."""
     loop = asyncio.get_running_loop()
-    log.info("effective config: %s; event loop: %s", json.dumps(config.for_log(), sort_keys=True),
-             type(loop).__module__.split(".")[0])
+    log.info("%s: %s; event loop: %s", "effective config" if server is None else "front end config",
+             json.dumps(config.for_log(), sort_keys=True), type(loop).__module__.split(".")[0])
     stop_requested = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in stop_signals:
         loop.add_signal_handler(sig, stop_requested.set)
-    server = BertzooServer(config, loader)
+    server = server if server is not None else BertzooServer(config, loader)
     loading: asyncio.Task | None = None
     try:
         await server.start()
@@ -264,6 +226,8 @@ async def serve(config: ServeConfig, loader: ModelLoader = load_served_model) ->
         await stopping
         log.info("stop signal: refusing new calls, finishing accepted ones (up to %.0f s)", config.shutdown_grace)
     finally:
+        for sig in stop_signals:
+            loop.remove_signal_handler(sig)
         if loading is not None and not loading.done():
             loading.cancel()
         await server.stop()

@@ -10,7 +10,7 @@ cancelled, backend, invalid_argument, unauthenticated, ...), never anything take
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -18,11 +18,14 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
-    Info,
     ProcessCollector,
     disable_created_metrics,
     start_http_server,
 )
+from prometheus_client.metrics_core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from .ports import address
 
 log = logging.getLogger("bertzoo.serving")
 # No `*_created` timestamp series next to every counter and histogram: Prometheus does not use them, and they double
@@ -32,6 +35,17 @@ disable_created_metrics()
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BATCH_TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+
+
+def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> WSGIServer:
+    """``/metrics`` of ``registry`` over HTTP from a daemon thread; a busy port is one line naming the option."""
+    try:
+        server, _ = start_http_server(port, addr=host, registry=registry)
+    except OSError as e:
+        raise OSError(f"could not serve metrics on {address(host, port)}: {e.strerror or e} (choose another port "
+                      "with --metrics-port, or 0 for none)") from None
+    log.info("metrics on http://%s/metrics", address(host, server.server_address[1]))
+    return server
 
 
 class Metrics:
@@ -54,25 +68,30 @@ class Metrics:
                                       buckets=BATCH_TOKEN_BUCKETS, registry=r)
         # lane: "main", or "long" for requests over --long-request-tokens (serving/batcher.py)
         self.queue_depth = Gauge("bertzoo_queue_depth", "Requests waiting in a batcher queue, by lane.", ["lane"],
-                                 registry=r)
+                                 registry=r, multiprocess_mode="livesum")
         self.queue_sequences = Gauge("bertzoo_queue_sequences", "Sequences waiting in a batcher queue, by lane.",
-                                     ["lane"], registry=r)
+                                     ["lane"], registry=r, multiprocess_mode="livesum")
         self.queue_limit = Gauge("bertzoo_queue_limit", "Requests a lane's queue holds (--max-queue): saturation is "
-                                 "bertzoo_queue_depth / bertzoo_queue_limit.", ["lane"], registry=r)
+                                 "bertzoo_queue_depth / bertzoo_queue_limit.", ["lane"], registry=r,
+                                 multiprocess_mode="livemax")
         self.ready = Gauge("bertzoo_ready", "1 while health reports SERVING (model loaded and warmed up, not "
-                           "draining), else 0.", registry=r)
+                           "draining), else 0.", registry=r, multiprocess_mode="livemax")
         self.inflight = Gauge("bertzoo_inflight_requests", "Requests being handled (of unary RPCs and on streams).",
-                              registry=r)
+                              registry=r, multiprocess_mode="livesum")
         self.open_streams = Gauge("bertzoo_open_streams", "Open *Stream calls, by task; their requests count under "
-                                  "the task like unary ones.", ["task"], registry=r)
+                                  "the task like unary ones.", ["task"], registry=r,
+                                  multiprocess_mode="livesum")
         self.requests = Counter("bertzoo_requests", "RPCs answered, by task and status code.", ["task", "code"],
                                 registry=r)
         self.failures = Counter("bertzoo_request_failures", "Failed RPCs, by task, status code and reason.",
                                 ["task", "code", "reason"], registry=r)
         # bertzoo_build_info{backend, device, precision, variant, version} 1, set once the model is loaded: dashboards
         # and alerts can tell a GPU replica from a CPU one, or an int8 one from fp32.
-        self.build_info = Info("bertzoo_build", "What this server runs: backend, device, precision, variant, version.",
-                               registry=r)
+        # A gauge rather than an Info, which prometheus_client's multiprocess mode cannot carry; the exposition is the
+        # same series.
+        self.build_info = Gauge("bertzoo_build_info", "What this server runs: backend, device, precision, variant, "
+                                "version.", ["backend", "device", "precision", "variant", "version"], registry=r,
+                                multiprocess_mode="livemax")
         # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ... of this server (Linux).
         ProcessCollector(registry=r)
         self._http: WSGIServer | None = None
@@ -95,13 +114,46 @@ class Metrics:
 
     def serve(self, host: str, port: int) -> int:
         """Serve ``/metrics`` over HTTP from a daemon thread; returns the bound port."""
-        self._http, _ = start_http_server(port, addr=host, registry=self.registry)
-        bound = self._http.server_address[1]
-        log.info("metrics on http://%s:%d/metrics", host, bound)
-        return bound
+        self._http = serve_metrics(self.registry, host, port)
+        return self._http.server_address[1]
 
     def close(self) -> None:
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()
             self._http = None
+
+
+class ProcessTreeCollector:
+    """The ``process_*`` series of a server made of several processes (front ends and an engine), summed over them
+    as if they were one process: CPU seconds, memory and open files add up, ``process_max_fds`` is the largest
+    limit and ``process_start_time_seconds`` the earliest start. ``pids()`` names the live processes."""
+
+    _COMBINE = {"process_start_time_seconds": min, "process_max_fds": max}
+
+    def __init__(self, pids: Callable[[], Iterable[int]]) -> None:
+        self._pids = pids
+
+    def collect(self) -> Iterable[Metric]:
+        totals: dict[str, tuple[Metric, float]] = {}
+        for pid in self._pids():
+            for family in ProcessCollector(pid=lambda pid=pid: pid, registry=None).collect():
+                for sample in family.samples:
+                    combine = self._COMBINE.get(sample.name, sum)
+                    seen = totals.get(sample.name)
+                    value = sample.value if seen is None else combine((seen[1], sample.value))
+                    totals[sample.name] = (family, value)
+        for name, (family, value) in totals.items():
+            merged = Metric(family.name, family.documentation, family.type)
+            merged.add_sample(name, {}, value)
+            yield merged
+
+
+def merged_registry(directory: str, pids: Callable[[], Iterable[int]]) -> CollectorRegistry:
+    """One view of every process's metrics, as one process's registry shows them: prometheus_client's multiprocess
+    collector over ``directory`` (each process's series, gauges combined by their ``multiprocess_mode``) and the
+    processes' ``process_*`` series (:class:`ProcessTreeCollector`)."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=directory)
+    registry.register(ProcessTreeCollector(pids))
+    return registry

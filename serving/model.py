@@ -170,7 +170,6 @@ def warm_up(served: ServedModel, backend: Backend | None = None) -> None:
                 backend.head(task, {"states_a": states, "mask_a": mask, "states_b": states, "mask_b": mask})
             else:
                 backend.head(task, {"states": states, "mask": mask})
-    log.info("warmed up on length buckets %s", served.spec.length_buckets)
 
 
 def release_freed_memory() -> None:

@@ -121,7 +121,8 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
             expired = remaining is not None and remaining <= DEADLINE_SKEW_SECONDS
             code, reason = ("DEADLINE_EXCEEDED", "deadline") if expired else ("CANCELLED", "cancelled")
             if self.grace_ends is not None and time.monotonic() >= self.grace_ends:
-                code, reason = "CANCELLED", "shutdown"  # the server's grace ran out, not the client's patience
+                # The server's grace ran out, not the client's patience: gRPC ends such a call UNAVAILABLE.
+                code, reason = "UNAVAILABLE", "shutdown"
                 self.cut_at_shutdown += 1
             raise
         except Exception:

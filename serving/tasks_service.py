@@ -21,12 +21,11 @@ from bertzoo import tasks as T
 from bertzoo.qa import SpanPrediction
 from bertzoo.tokenization import Encoding
 
-from .batcher import Batcher
 from .config import ServeConfig
 from .engine import EMBED, Work, encoder_tokens, join_windows, split_windows
 from .errors import InvalidRequest
+from .lanes import Lanes
 from .metrics import Metrics
-from .model import ServedModel
 
 NO_TOKEN_LIMIT = 1 << 30  # tokenizing with this "limit" counts a text's tokens before any truncation
 # A request of at most this many characters is tokenized on the event loop: tens of microseconds in the Rust
@@ -46,16 +45,15 @@ class Timing:
 
 
 class TaskService:
-    def __init__(self, served: ServedModel, batcher: Batcher, config: ServeConfig, metrics: Metrics,
-                 long_lane: Batcher | None = None) -> None:
-        """``long_lane``: where requests over ``config.long_request_tokens`` go (default: ``batcher``)."""
-        self.spec = served.spec
-        self._tokenizer = served.tokenizer
-        self._batcher = batcher
-        self._long_lane = long_lane if long_lane is not None else batcher
+    def __init__(self, lanes: Lanes, config: ServeConfig, metrics: Metrics) -> None:
+        """Requests over ``config.long_request_tokens`` go to ``lanes.long``, the rest to ``lanes.main``."""
+        self.spec = lanes.spec
+        self._tokenizer = lanes.tokenizer
+        self._batcher = lanes.main
+        self._long_lane = lanes.long
         self._config = config
         self._metrics = metrics
-        self._sentiment = T.TaskSpec("sentiment", "sentence sentiment", "accuracy", served.spec.labels["sentiment"])
+        self._sentiment = T.TaskSpec("sentiment", "sentence sentiment", "accuracy", lanes.spec.labels["sentiment"])
         self._pool = ThreadPoolExecutor(config.tokenize_threads, thread_name_prefix="bertzoo-tokenize")
 
     def close(self) -> None:

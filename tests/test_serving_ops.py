@@ -132,11 +132,12 @@ def test_calls_cut_when_the_shutdown_grace_runs_out_are_counted(tiny_artifact, c
             time.sleep(0.5)  # the first batch is on the model, the rest queued behind it
             running.stop(grace=0.3)
             for call in calls:
-                with pytest.raises(grpc.RpcError):
+                with pytest.raises(grpc.RpcError) as cut:
                     call.result()
+                assert cut.value.code() == grpc.StatusCode.UNAVAILABLE  # what the log and the metrics say
     assert running.metrics.registry.get_sample_value(
-        "bertzoo_request_failures_total", {"task": "sentiment", "code": "CANCELLED", "reason": "shutdown"}) == 5
-    assert any("5 calls still running when the 0.3 s grace ran out were cut" in r.getMessage() for r in caplog.records)
+        "bertzoo_request_failures_total", {"task": "sentiment", "code": "UNAVAILABLE", "reason": "shutdown"}) == 5
+    assert any("5 calls still running when the 0.3 s grace ran out were cut (UNAVAILABLE" in r.getMessage() for r in caplog.records)
 
 
 def test_sigterm_finishes_every_accepted_request_then_exits(tiny_artifact):

@@ -1,0 +1,176 @@
+"""A front end's link to the engine process (``--frontends`` N > 1): the lanes its task service submits to, backed
+by one ZeroMQ DEALER socket to the engine's ROUTER.
+
+Requests submitted during one event-loop turn leave together as one hop (serving/hops.py); the engine answers with
+hops of finished jobs. A cancelled call sends its job's id, so its items leave the engine's queue unrun. The engine's
+queue depths come back with every answer, so a front end refuses a request at once, before tokenizing it, while the
+engine's queue is full and it has requests of its own there (whose answers will bring the next depth); otherwise the
+engine decides. If the engine process goes away (its socket disconnects), every waiting request fails UNAVAILABLE
+at once and ``on_engine_lost`` runs (the front end turns NOT_SERVING; the parent process stops the server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import pickle
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from bertzoo.tokenization import Tokenizer
+
+from . import hops
+from .config import ServeConfig
+from .engine import Work
+from .errors import QueueFull, Unavailable
+from .lanes import Lanes
+
+log = logging.getLogger("bertzoo.serving")
+
+
+@dataclass(eq=False)
+class RemoteJob:
+    """A request's items in the engine process; as :class:`~bertzoo.serving.batcher.Job` to the task service."""
+
+    future: asyncio.Future
+    submitted: float = field(default_factory=time.perf_counter)
+    first_start: float | None = None
+    last_end: float | None = None
+
+
+class RemoteLane:
+    def __init__(self, link: EngineLink, name: str) -> None:
+        self._link, self.name = link, name
+
+    def check_room(self) -> None:
+        self._link.check_room(self.name)
+
+    def submit(self, works: list[Work], timeout: float | None = None) -> RemoteJob:
+        return self._link.submit(self.name, works, timeout)
+
+
+class EngineLink:
+    def __init__(self, address: str, config: ServeConfig, on_engine_lost: Callable[[], object] = lambda: None) -> None:
+        self._address = address
+        self._max_queue = config.batch.max_queue
+        self._on_engine_lost = on_engine_lost
+        self._context = zmq.asyncio.Context()
+        self._socket = self._context.socket(zmq.DEALER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self._socket.connect(address)
+        self._ids = itertools.count()
+        self._pending: dict[int, RemoteJob] = {}
+        self._outbox: list[hops.JobRequest] = []
+        self._cancelled: list[int] = []
+        self._flush_scheduled = False
+        self._waiting = {"main": 0, "long": 0}
+        self._lost: str | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    async def open(self) -> Lanes:
+        """Wait for the engine to be loaded and warmed up (it answers the hello only then); its lanes."""
+        self._tasks.append(asyncio.create_task(self._watch(), name="bertzoo-engine-watch"))
+        await self._socket.send(hops.HELLO)
+        kind, *rest = await self._socket.recv_multipart()
+        if kind != hops.READY:
+            raise RuntimeError(f"the engine process failed to start: {rest[0].decode() if rest else kind!r}")
+        spec, tokenizer_json = pickle.loads(rest[0])
+        self._tasks.append(asyncio.create_task(self._receive(), name="bertzoo-engine-receive"))
+        return Lanes(spec, Tokenizer.from_str(tokenizer_json), RemoteLane(self, "main"), RemoteLane(self, "long"),
+                     self.close)
+
+    # ------------------------------------------------------------------ requests
+
+    def check_room(self, lane: str) -> None:
+        if self._lost is not None:
+            raise Unavailable(self._lost, reason="engine_lost")
+        if self._waiting[lane] >= self._max_queue and self._pending:
+            raise QueueFull(f"the server's queue is full ({self._max_queue} requests waiting); retry later")
+
+    def submit(self, lane: str, works: list[Work], timeout: float | None) -> RemoteJob:
+        if self._lost is not None:
+            raise Unavailable(self._lost, reason="engine_lost")
+        job_id = next(self._ids)
+        job = RemoteJob(asyncio.get_running_loop().create_future())
+        self._pending[job_id] = job
+        self._outbox.append(hops.JobRequest(job_id, lane, timeout, works))
+        job.future.add_done_callback(lambda f: self._forget(job_id) if f.cancelled() else None)
+        self._schedule_flush()
+        return job
+
+    def _forget(self, job_id: int) -> None:
+        """A cancelled call: tell the engine, so its items leave the queue unrun."""
+        if self._pending.pop(job_id, None) is not None and self._lost is None:
+            self._cancelled.append(job_id)
+            self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Send everything this event-loop turn gathered as one hop."""
+        self._flush_scheduled = False
+        if self._lost is not None or not (self._outbox or self._cancelled):
+            return
+        frames = hops.pack_jobs(self._outbox, self._cancelled)
+        self._outbox, self._cancelled = [], []
+        self._socket.send_multipart(frames, copy=False)
+
+    # ------------------------------------------------------------------ answers
+
+    async def _receive(self) -> None:
+        while True:
+            kind, *rest = await self._socket.recv_multipart()
+            if kind != hops.RESULTS:
+                continue
+            outcomes, self._waiting = hops.unpack_results(rest[0])
+            for outcome in outcomes:
+                job = self._pending.pop(outcome.job_id, None)
+                if job is None or job.future.done():
+                    continue
+                if outcome.error is not None:
+                    job.future.set_exception(hops.error_from_fields(*outcome.error))
+                else:
+                    job.first_start, job.last_end = outcome.first_start, outcome.last_end
+                    job.future.set_result(outcome.outputs)
+
+    async def _watch(self) -> None:
+        """Notice the engine process going away: its end of the connection closes."""
+        connected = False
+        while True:
+            event = parse_monitor_message(await self._monitor.recv_multipart())["event"]
+            if event == zmq.EVENT_CONNECTED:
+                connected = True
+            elif event == zmq.EVENT_DISCONNECTED and connected:
+                log.error("the engine process went away: NOT_SERVING; %d waiting requests fail UNAVAILABLE",
+                          len(self._pending))
+                self._fail_all("the engine process stopped; this server is restarting", lost=True)
+                self._on_engine_lost()
+                return
+
+    def _fail_all(self, message: str, lost: bool) -> None:
+        if lost:
+            self._lost = message
+        pending, self._pending = self._pending, {}
+        for job in pending.values():
+            if not job.future.done():
+                job.future.set_exception(Unavailable(message, reason="engine_lost" if lost else "shutdown"))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._fail_all("the server shut down", lost=False)
+        self._socket.disable_monitor()
+        self._monitor.close(linger=0)
+        self._socket.close(linger=0)
+        self._context.term()

@@ -1,0 +1,166 @@
+"""The engine process of a server with front ends (``--frontends`` N > 1): the model, its batchers and engine
+instances (the same :func:`~bertzoo.serving.lanes.open_local_lanes` a one-process server runs), serving the front
+ends' hops over one ZeroMQ ROUTER socket.
+
+A front end's hello is answered once the model is loaded and warmed up (with the model's facts and tokenizer, so
+front ends load nothing themselves). Each job of a hop is submitted to its lane as a request of a one-process
+server would be; its outcome joins the hop going back to its front end at the end of the event-loop turn in which
+its batch finished. Only the parent stops this process, by closing its control pipe after every front end has
+finished its calls: SIGINT and SIGTERM (a terminal's Ctrl-C, or an init system signalling the whole group) are
+ignored here, so the front ends' accepted calls never lose their engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pickle
+import signal
+import sys
+from collections import defaultdict
+from functools import partial
+from multiprocessing.connection import Connection
+
+import zmq
+import zmq.asyncio
+
+from bertzoo.errors import UserError
+
+from . import hops
+from .batcher import Job
+from .config import ServeConfig
+from .errors import BackendFailure, ServingError
+from .lanes import Lanes, open_local_lanes
+from .metrics import Metrics
+from .model import load_served_model
+
+log = logging.getLogger("bertzoo.serving")
+
+
+class EngineHost:
+    """Serves one process's lanes to the front ends connected to ``socket`` (a bound ROUTER)."""
+
+    def __init__(self, socket: zmq.asyncio.Socket) -> None:
+        self._socket = socket
+        self._lanes: Lanes | None = None
+        self._ready_message: bytes | None = None
+        self._waiting_hellos: list[bytes] = []
+        self._jobs: dict[tuple[bytes, int], Job] = {}
+        self._outbox: dict[bytes, list[hops.JobOutcome]] = defaultdict(list)
+        self._flush_scheduled = False
+
+    def ready(self, lanes: Lanes) -> None:
+        """The model is loaded: answer every hello so far, and from now on each at once."""
+        self._lanes = lanes
+        self._ready_message = pickle.dumps((lanes.spec, lanes.tokenizer.to_str()))
+        for peer in self._waiting_hellos:
+            self._socket.send_multipart([peer, hops.READY, self._ready_message])
+        self._waiting_hellos.clear()
+
+    async def run(self) -> None:
+        while True:
+            peer, kind, *frames = await self._socket.recv_multipart()
+            if kind == hops.HELLO:
+                if self._ready_message is None:
+                    self._waiting_hellos.append(peer)
+                else:
+                    self._socket.send_multipart([peer, hops.READY, self._ready_message])
+            elif kind == hops.JOBS and self._lanes is not None:
+                self._take(peer, frames)
+
+    def _take(self, peer: bytes, frames: list[bytes]) -> None:
+        assert self._lanes is not None
+        requests, cancelled = hops.unpack_jobs(frames)
+        for job_id in cancelled:
+            if (job := self._jobs.pop((peer, job_id), None)) is not None:
+                job.future.cancel()  # the batcher takes its waiting items out of the queue
+        for request in requests:
+            lane = self._lanes.long if request.lane == "long" else self._lanes.main
+            try:
+                job = lane.submit(request.works, request.timeout)
+            except ServingError as e:  # a full queue, or shutting down
+                self._answer(peer, hops.JobOutcome(request.job_id, error=hops.error_fields(e)))
+                continue
+            self._jobs[(peer, request.job_id)] = job
+            job.future.add_done_callback(partial(self._finished, peer, request.job_id, job))
+
+    def _finished(self, peer: bytes, job_id: int, job: Job, future: asyncio.Future) -> None:
+        self._jobs.pop((peer, job_id), None)
+        if future.cancelled():  # its front end cancelled it: nobody waits for an answer
+            return
+        error = future.exception()
+        if error is None:
+            outcome = hops.JobOutcome(job_id, future.result(), job.first_start or 0.0, job.last_end or 0.0)
+        else:
+            if not isinstance(error, ServingError):
+                error = BackendFailure(f"the model failed on this request ({type(error).__name__})")
+            outcome = hops.JobOutcome(job_id, error=hops.error_fields(error))
+        self._answer(peer, outcome)
+
+    def _answer(self, peer: bytes, outcome: hops.JobOutcome) -> None:
+        self._outbox[peer].append(outcome)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """One hop per front end with everything finished in this event-loop turn."""
+        self._flush_scheduled = False
+        assert self._lanes is not None
+        waiting = {"main": self._lanes.main.waiting, "long": self._lanes.long.waiting}
+        outbox, self._outbox = self._outbox, defaultdict(list)
+        for peer, outcomes in outbox.items():
+            self._socket.send_multipart([peer, *hops.pack_results(outcomes, waiting)], copy=False)
+
+
+async def run_engine(config: ServeConfig, address: str, control: Connection) -> None:
+    """Bind ``address``, load the model, serve hops until ``control`` closes (the parent's word to stop), then close
+    the lanes."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    loop.add_reader(control.fileno(), stop.set)  # readable at EOF: the parent closed it, or died
+    context = zmq.asyncio.Context()
+    socket = context.socket(zmq.ROUTER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.bind(address)
+    host = EngineHost(socket)
+    receiving = asyncio.create_task(host.run(), name="bertzoo-engine-host")
+    lanes = None
+    try:
+        loading = asyncio.create_task(open_local_lanes(config, load_served_model, Metrics()))
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not loading.done():
+            loading.cancel()
+            return
+        lanes = loading.result()
+        host.ready(lanes)
+        log.info("engine ready: %s on %s, %s", lanes.spec.backend, lanes.spec.device, lanes.spec.precision)
+        await stopping
+    finally:
+        loop.remove_reader(control.fileno())
+        receiving.cancel()
+        await asyncio.gather(receiving, return_exceptions=True)
+        if lanes is not None:
+            await lanes.close()
+        socket.close(linger=0)
+        context.term()
+        log.info("engine stopped")
+
+
+def engine_main(config: ServeConfig, address: str, control: Connection, log_levels: dict[str, int]) -> None:
+    """The engine process's entry point (multiprocessing, spawn)."""
+    from .frontends import child_process_setup
+    from .grpc_server import run_on_best_loop
+
+    child_process_setup(log_levels, "bertzoo-engine")
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    try:
+        run_on_best_loop(lambda: run_engine(config, address, control))
+    except Exception as e:  # the parent sees the exit code and stops the server with it
+        if isinstance(e, (UserError, OSError)):
+            log.error("the engine failed to start: %s", e)
+        else:
+            log.exception("the engine failed")
+        sys.exit(1)

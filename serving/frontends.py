@@ -1,0 +1,247 @@
+"""``bertzoo serve --frontends N`` with N > 1: N front-end processes in front of one engine process, and this parent
+process, which starts them, holds the port, serves ``/metrics`` and stops them in order.
+
+::
+
+    clients ──gRPC──> front end 1 ─┐   (gRPC, validation, limits, tokenization, post-processing, request metrics)
+            ──gRPC──> front end 2 ─┼─ZeroMQ hops─> engine process (batchers, lanes, engine instances)
+            ──gRPC──> front end N ─┘                    │
+    Prometheus ──> parent's /metrics <── every process's series (prometheus_client multiprocess mode)
+
+Why processes: one Python event loop tops out near a thousand requests a second, far below a GPU's engine, and
+gRPC's and our per-request Python cannot use a second core from one process. Why one engine process: a batch is
+only as full as the queue it is cut from, and one device wants one owner. Why ZeroMQ: the hand-offs are a few KB
+batched per event-loop turn; a socket pair per front end gives ordering, framing, reconnects and a disconnect event
+for free, at a copy cost far below tokenization's, with nothing to clean up but a socket file in our run directory
+(shared memory would add segment lifetimes to manage for no measurable gain at these sizes).
+
+The front ends share the port with SO_REUSEPORT (the kernel spreads new connections over them), which only our own
+processes use: this parent holds the port first (serving/ports.py), so a foreign server on it still fails the start.
+
+Life: the engine loads while the front ends listen NOT_SERVING; each turns SERVING when the engine answers its hello,
+which it does once every bucket is warmed. SIGTERM or SIGINT: the front ends stop taking calls and finish those
+accepted (the one-process drain), then the engine stops, then this process exits 0. A front end that dies is
+started again (its calls in flight fail UNAVAILABLE: their connections break; our client retries them); more than
+``MAX_RESTARTS`` within a minute stops the server. An engine that dies takes every front end NOT_SERVING, and the
+server exits 1 so its orchestrator starts it again. A run directory (the engine's socket, the metrics files) lives
+in the system's temporary directory and is removed on every exit but SIGKILL of this process; children of a killed
+parent stop too (the engine at its control pipe's end, front ends by PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections import deque
+from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+
+from .config import ServeConfig
+from .workers import usable_cores
+
+log = logging.getLogger("bertzoo.serving")
+
+MAX_RESTARTS = 5  # front-end restarts within RESTART_WINDOW seconds before the server gives up
+RESTART_WINDOW = 60.0
+LOG_FORMAT = "%(asctime)s %(processName)s %(name)s: %(message)s"
+
+
+def frontend_count(config: ServeConfig) -> int:
+    """``--frontends auto``: one process (no front ends apart) unless the engine can answer more requests than one
+    event loop can take. A front end serves about 1,000-1,500 requests/s from one core (benchmarks/RESULTS.md,
+    "Serving on CPU"). On the CPU the engine needs the cores itself and serves a few hundred sentences/s per 2 cores:
+    one front end per 8 cores. On a GPU the engine serves ~10,000/s from any core count: half the cores, at most 8."""
+    if config.frontends is not None:
+        return config.frontends
+    cores = len(usable_cores()) or os.cpu_count() or 1
+    if config.device == "cuda":
+        return max(1, min(8, cores // 2))
+    return max(1, cores // 8)
+
+
+def child_process_setup(log_levels: dict[str, int], short_name: str,
+                        parent_death: signal.Signals | None = None) -> None:
+    """Logging as the parent's (levels of the root and ``bertzoo`` loggers, the process's name on each line); on
+    Linux, ``short_name`` as the process's name in ps and top, and ``parent_death`` sent to this process when the
+    parent dies."""
+    logging.basicConfig(format=LOG_FORMAT, datefmt="%H:%M:%S", stream=sys.stderr)
+    for name, level in log_levels.items():
+        logging.getLogger(name or None).setLevel(level)
+    if sys.platform == "linux":
+        PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_NAME, ctypes.c_char_p(short_name.encode()[:15]))
+        if parent_death is not None:
+            libc.prctl(PR_SET_PDEATHSIG, int(parent_death))
+
+
+def frontend_main(config: ServeConfig, address: str, log_levels: dict[str, int], index: int) -> None:
+    """A front end's entry point (multiprocessing, spawn): a gRPC server on the shared port whose lanes are its link
+    to the engine. SIGINT is the parent's to handle (a terminal sends it to the whole group)."""
+    import asyncio
+
+    from .engine_link import EngineLink
+    from .grpc_server import BertzooServer, run_on_best_loop, serve
+
+    child_process_setup(log_levels, f"bertzoo-fe-{index + 1}", parent_death=signal.SIGTERM)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    async def main() -> None:
+        server: BertzooServer | None = None
+
+        def engine_lost() -> None:
+            if server is not None:
+                asyncio.get_running_loop().create_task(server.not_serving())
+
+        link = EngineLink(address, config, on_engine_lost=engine_lost)
+        server = BertzooServer(config, open_lanes=link.open, share_port=True)
+        await serve(config, server=server, stop_signals=(signal.SIGTERM,))
+
+    run_on_best_loop(main)
+
+
+class Supervisor:
+    """The parent: starts the engine and the front ends, restarts front ends, stops everything in order."""
+
+    def __init__(self, config: ServeConfig, frontends: int, run_dir: Path) -> None:
+        self.config = config
+        self.count = frontends
+        self.run_dir = run_dir
+        self.address = f"ipc://{run_dir / 'engine.sock'}"
+        self._context = multiprocessing.get_context("spawn")
+        self._levels = {"": logging.getLogger().level, "bertzoo": logging.getLogger("bertzoo").getEffectiveLevel()}
+        self._frontend_config: ServeConfig | None = None
+        self.engine: BaseProcess | None = None
+        self.frontends: dict[int, BaseProcess] = {}
+        self._control = None
+        self._restarts: deque[float] = deque()
+
+    def pids(self) -> list[int]:
+        processes = [self.engine, *self.frontends.values()]
+        return [p.pid for p in processes if p is not None and p.pid is not None and p.is_alive()]
+
+    def start(self, port: int) -> None:
+        reader, self._control = self._context.Pipe(duplex=False)
+        from .engine_process import engine_main
+
+        self.engine = self._context.Process(target=engine_main, name="bertzoo-engine",
+                                            args=(self.config, self.address, reader, self._levels))
+        self.engine.start()
+        reader.close()
+        # The front ends bind the port this process holds; their metrics go through this process's endpoint.
+        self._frontend_config = dataclasses.replace(self.config, port=port, metrics_port=0)
+        for index in range(self.count):
+            self._start_frontend(index)
+
+    def _start_frontend(self, index: int) -> None:
+        process = self._context.Process(target=frontend_main, name=f"bertzoo-frontend-{index + 1}",
+                                        args=(self._frontend_config, self.address, self._levels, index))
+        process.start()
+        self.frontends[index] = process
+
+    def watch(self, wake: socket.socket) -> int:
+        """Until ``wake`` is readable (a stop signal) or the engine dies: restart front ends that die. Returns the
+        exit code the server should end with."""
+        from prometheus_client import multiprocess
+
+        assert self.engine is not None
+        while True:
+            sentinels = {self.engine.sentinel: -1, **{p.sentinel: i for i, p in self.frontends.items()}}
+            ready = wait([wake, *sentinels])
+            if wake in ready:
+                return 0
+            if self.engine.sentinel in ready:
+                self.engine.join()  # its exit code
+                log.error("the engine process exited (code %s): stopping the front ends; exit 1 so the server is "
+                          "started again", self.engine.exitcode)
+                return 1
+            for sentinel in ready:
+                index = sentinels[sentinel]
+                dead = self.frontends[index]
+                dead.join()  # reaped: no zombie left behind
+                multiprocess.mark_process_dead(dead.pid)
+                now = time.monotonic()
+                while self._restarts and now - self._restarts[0] > RESTART_WINDOW:
+                    self._restarts.popleft()
+                if len(self._restarts) >= MAX_RESTARTS:
+                    log.error("front end %d exited (code %s), the %dth restart within %.0f s: giving up", index + 1,
+                              dead.exitcode, MAX_RESTARTS + 1, RESTART_WINDOW)
+                    return 1
+                self._restarts.append(now)
+                log.warning("front end %d exited (code %s): starting it again", index + 1, dead.exitcode)
+                self._start_frontend(index)
+
+    def stop(self) -> None:
+        """Front ends first (each finishes its accepted calls within the shutdown grace), then the engine."""
+        for process in self.frontends.values():
+            if process.is_alive():
+                os.kill(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.config.shutdown_grace + 10.0
+        for process in self.frontends.values():
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                log.warning("front end %s did not stop in time: killed", process.name)
+                process.kill()
+                process.join()
+        if self._control is not None:
+            self._control.close()  # the engine's word to stop
+        if self.engine is not None:
+            self.engine.join(30.0)
+            if self.engine.is_alive():
+                log.warning("the engine did not stop in time: killed")
+                self.engine.kill()
+                self.engine.join()
+
+
+def run_with_frontends(config: ServeConfig, frontends: int) -> int:
+    """Serve with ``frontends`` front-end processes until SIGTERM or SIGINT; returns the exit code."""
+    from .metrics import merged_registry, serve_metrics
+    from .ports import hold_port
+
+    log.info("effective config: %s; %d front ends", json.dumps(config.for_log(), sort_keys=True), frontends)
+    with tempfile.TemporaryDirectory(prefix="bertzoo-serve-") as run_dir:
+        metrics_dir = Path(run_dir) / "metrics"
+        metrics_dir.mkdir()
+        # Read by prometheus_client in each child at import: their series go to files the parent's endpoint merges.
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+        holder, port = hold_port(config.host, config.port, "--port")
+        supervisor = Supervisor(config, frontends, Path(run_dir))
+        wake_reader, wake_writer = socket.socketpair()
+        previous = {sig: signal.signal(sig, lambda *_: wake_writer.send(b"x")) for sig in (signal.SIGTERM,
+                                                                                             signal.SIGINT)}
+        http = None
+        code = 1
+        try:
+            if config.metrics_port:
+                http = serve_metrics(merged_registry(str(metrics_dir), supervisor.pids), config.metrics_host,
+                                     config.metrics_port)
+            supervisor.start(port)
+            log.info("%d front ends on port %d, engine process %d, run directory %s", frontends, port,
+                     supervisor.engine.pid, run_dir)
+            code = supervisor.watch(wake_reader)
+            if code == 0:
+                log.info("stop signal: front ends refuse new calls and finish accepted ones (up to %.0f s)",
+                         config.shutdown_grace)
+        finally:
+            supervisor.stop()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            wake_reader.close()
+            wake_writer.close()
+            if http is not None:
+                http.shutdown()
+                http.server_close()
+            holder.close()
+            os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        log.info("stopped")
+        return code

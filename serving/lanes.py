@@ -1,0 +1,116 @@
+"""The engine side of a server: the model, its tokenizer and the lanes (batchers) that run it, as the task service
+sees them. The task service needs only what :class:`Lanes` holds, so the same service works whether the engine
+lives in its own process (``--frontends`` N > 1: lanes reached over ZeroMQ, serving/engine_link.py) or in the
+server's own (N = 1: :func:`open_local_lanes`, the batchers themselves).
+
+A lane is anything with ``check_room()`` (raise what a submit would raise for lack of room) and ``submit(works,
+timeout)`` returning a job whose ``future`` resolves to one output per work and which then carries ``submitted``,
+``first_start`` and ``last_end`` (``time.perf_counter`` seconds: one clock for every process of a Linux host).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from bertzoo.tokenization import Tokenizer
+
+from .batcher import Batcher
+from .config import BatchSettings, ServeConfig
+from .engine import EngineRunner, Work, padded_width
+from .metrics import Metrics
+from .model import ModelSpec, ServedModel, release_freed_memory, warm_up
+from .workers import instance_cores, model_worker
+
+log = logging.getLogger("bertzoo.serving")
+
+ModelLoader = Callable[[ServeConfig], ServedModel]
+
+
+class Lane(Protocol):
+    def check_room(self) -> None: ...
+
+    def submit(self, works: list[Work], timeout: float | None = None): ...
+
+
+@dataclass
+class Lanes:
+    """What a task service runs on: the model's facts and tokenizer, the main lane, the long-request lane (the main
+    one where the engine has no second instance) and how to close them."""
+
+    spec: ModelSpec
+    tokenizer: Tokenizer
+    main: Lane
+    long: Lane
+    close: Callable[[], Awaitable[None]]
+
+
+# The long lane's batches: a few QA windows (4 x 384 tokens: ~0.4 s on 2 cores), so a cancelled request or one
+# past its deadline stops soon, and the engine's memory stays that of a small batch.
+LONG_LANE_BATCH_TOKENS = 2048
+
+
+def long_lane_settings(config: ServeConfig) -> BatchSettings:
+    return BatchSettings(max_batch_size=config.batch.max_batch_size,
+                         max_batch_tokens=min(config.batch.max_batch_tokens, LONG_LANE_BATCH_TOKENS),
+                         max_queue=config.batch.max_queue, pad_to=config.batch.pad_to)
+
+
+async def open_local_lanes(config: ServeConfig, loader: ModelLoader, metrics: Metrics) -> Lanes:
+    """Load and warm up the model (on its worker threads: the event loop keeps answering meanwhile) and start its
+    batchers in this process."""
+    # Loaded on the main lane's worker thread, whose CPU priority (and cores) the engine's threads inherit.
+    loop = asyncio.get_running_loop()
+    cores = (instance_cores(config.instances, config.engine_threads) if config.pin_instances
+             else [None] * config.instances)
+    if cores[0] is not None:
+        log.info("engine instances on cores of their own: %s",
+                 ", ".join(f"{k} on {','.join(map(str, sorted(c)))}" for k, c in enumerate(cores)))
+    main_worker = model_worker("main", 0, cores[0])
+    try:
+        served = await loop.run_in_executor(main_worker, loader, config)
+        if config.warmup:
+            await loop.run_in_executor(main_worker, warm_up, served)
+    except BaseException:
+        main_worker.shutdown(wait=False)
+        raise
+    backend, pooling = served.backend, served.spec.pooling
+    # Items are grouped for batching by the width they will be padded to: with pad_to="longest" their own length
+    # rounded up to 8 (a batch pads no row by more than 7 tokens), with pad_to="bucket" the length bucket.
+    group = padded_width if config.batch.pad_to == "longest" else served.spec.bucket_for
+    more_instances = []
+    for instance in range(1, config.instances):  # more main-lane engines (config checked they can be rebuilt)
+        assert served.spare_backend is not None
+        worker = model_worker("main", instance, cores[instance])
+        engine = await loop.run_in_executor(worker, served.spare_backend)
+        if config.warmup:
+            await loop.run_in_executor(worker, warm_up, served, engine)
+        more_instances.append((EngineRunner(engine, pooling), worker))
+    main = Batcher(EngineRunner(backend, pooling), group, served.tokenizer.pad_id, config.batch, metrics,
+                   executor=main_worker, more_instances=more_instances)
+    main.start()
+    long = None
+    if served.spare_backend is not None and config.long_request_tokens < config.max_request_tokens:
+        # The long-request lane (only where a request can be long): its own engine instance, built and run on a
+        # low-priority thread.
+        worker = model_worker("long")
+        spare = await loop.run_in_executor(worker, served.spare_backend)
+        if config.warmup:
+            await loop.run_in_executor(worker, warm_up, served, spare)
+        long = Batcher(EngineRunner(spare, pooling), group, served.tokenizer.pad_id, long_lane_settings(config),
+                       metrics, lane="long", executor=worker)
+        long.start()
+    release_freed_memory()
+    if config.warmup:
+        log.info("warmed up %d engine instances on length buckets %s", config.instances + (long is not None),
+                 served.spec.length_buckets)
+
+    async def close() -> None:
+        for batcher in (main, long):
+            if batcher is not None:
+                await batcher.close(timeout=1.0)  # the calls are done: only cancelled leftovers can remain
+
+    return Lanes(served.spec, served.tokenizer, main, long if long is not None else main, close)

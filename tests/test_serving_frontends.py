@@ -1,0 +1,299 @@
+"""`bertzoo serve --frontends N` (N > 1) as users run it: a real multi-process server (parent, front ends, engine) in
+a subprocess, against the same artifact answered by the one-process server."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+
+from bertzoo.serving.client import BertzooClient, channel_options
+from bertzoo.serving.grpc_server import ServerThread
+from bertzoo.serving.proto import pb2
+from conftest import free_port, self_signed, serve_config
+
+
+class ServerProcess:
+    """``bertzoo serve ARTIFACT --frontends N FLAGS...`` in a subprocess, on free ports, its output collected."""
+
+    def __init__(self, artifact: Path, *flags: str, frontends: int = 2) -> None:
+        self.port, self.metrics_port = free_port(), free_port()
+        command = [sys.executable, "-m", "bertzoo.cli", "serve", str(artifact), "--host", "127.0.0.1", "--port",
+                   str(self.port), "--metrics-port", str(self.metrics_port), "--threads", "1", "--no-ort-spinning",
+                   "--frontends", str(frontends), *flags]
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                        env={**os.environ, "OMP_NUM_THREADS": "1"})
+        self.output = ""
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def wait_ready(self, **client_options) -> None:
+        with BertzooClient(self.target, **client_options) as client:
+            client.wait_ready(timeout=60)
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as response:
+            return response.read().decode()
+
+    def children(self, name: str = "bertzoo-") -> list[int]:
+        """The pids of the server's child processes whose name starts with ``name`` (bertzoo-engine, bertzoo-fe-N;
+        not multiprocessing's resource tracker)."""
+        path = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+        pids = [int(pid) for pid in path.read_text().split()] if path.exists() else []
+        return [pid for pid in pids if process_name(pid).startswith(name)]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        if self.process.stdout is None or self.process.stdout.closed:  # stopped before
+            return self.process.returncode
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            code = self.process.wait(timeout=timeout)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+            self.output = self.process.communicate()[0]
+        return code
+
+    def run_dir(self) -> Path:
+        return Path(re.search(r"run directory (\S+)", self.output).group(1))
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of one series in Prometheus text (0 when absent)."""
+    wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            series, value = line.rsplit(" ", 1)
+            got = series[len(name):].strip("{}")
+            if series.split("{")[0] == name and ",".join(sorted(got.split(","))) == wanted:
+                return float(value)
+    return 0.0
+
+
+def process_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+def answers(client: BertzooClient) -> list:
+    """One answer of every RPC, without the timings."""
+    got = [client.sentiment(["a fine film", "a dull one"]).results,
+           client.paraphrase([("how old are you", "what is your age")]).results,
+           client.similarity([("a cat sits", "a cat is sitting")]).results,
+           client.qa([("who went home?", "Bob went home after the game.")]).results,
+           client.embed(["an embedded sentence"]).embeddings]
+    return [[str(x) for x in part] for part in got]
+
+
+def test_frontends_answer_as_one_process_does_with_one_metrics_view(tiny_artifact):
+    _, artifact = tiny_artifact
+    with ServerThread(serve_config(artifact)) as single, \
+            BertzooClient(f"127.0.0.1:{single.port}") as client:
+        expected = answers(client)
+    with ServerProcess(artifact) as server:
+        server.wait_ready()
+        assert len(server.children()) == 3  # the engine and two front ends
+        # Each client on a connection of its own: the kernel spreads connections over the front ends.
+        for _ in range(6):
+            with BertzooClient(server.target) as client:
+                assert answers(client) == expected
+                info = client.model_info()
+                assert info.backend == "onnxruntime" and list(info.tasks) == ["sentiment", "paraphrase",
+                                                                              "similarity", "qa"]
+        text = server.metrics()
+        for task in ("sentiment", "paraphrase", "similarity", "qa", "embed"):
+            assert metric(text, "bertzoo_requests_total", task=task, code="OK") == 6
+        assert metric(text, "bertzoo_batch_size_count") >= 30  # counted in the engine process
+        assert metric(text, "bertzoo_ready") == 1
+        assert metric(text, "process_cpu_seconds_total") > 0
+        assert "pid=" not in text  # every gauge combined over the processes, as one process shows it
+        assert server.stop() == 0
+    run_dir = server.run_dir()
+    out = server.output
+    assert "front end config" in out and "engine ready" in out and out.count("ready: health SERVING") == 2
+    # Every front end turned SERVING only after the engine had warmed up.
+    assert out.index("warmed up") < out.index("engine ready") < out.index("ready: health SERVING")
+    assert not run_dir.exists()  # the engine's socket and the metrics files went with it
+
+
+def test_sigterm_front_ends_finish_accepted_calls_then_the_engine_stops(tiny_artifact):
+    _, artifact = tiny_artifact
+    # An idle model waits 1.5 s to fill a batch, so the requests are still in flight when SIGTERM arrives.
+    with ServerProcess(artifact, "--max-queue-delay-ms", "1500") as server:
+        server.wait_ready()
+        clients = [BertzooClient(server.target, options=channel_options(retries=False)) for _ in range(6)]
+        calls = [c.stub.Sentiment.future(pb2.SentimentRequest(texts=[f"accepted {i}"]), timeout=30)
+                 for i, c in enumerate(clients)]
+        time.sleep(0.4)
+        children = server.children()
+        server.process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        for _ in range(4):  # new connections reach every front end: none serves any more
+            with BertzooClient(server.target, options=channel_options(retries=False)) as fresh:
+                try:
+                    assert fresh.health(timeout=2) == "NOT_SERVING"
+                except grpc.RpcError as e:
+                    assert e.code() == grpc.StatusCode.UNAVAILABLE
+        assert all(len(call.result().results) == 1 for call in calls)  # none lost
+        for c in clients:
+            c.close()
+        assert server.stop() == 0
+    assert all(gone(pid) for pid in children)
+    out = server.output
+    assert out.index("stop signal") < out.index("engine stopped") < out.rindex("stopped")
+
+
+def test_deadlines_cancellation_and_queue_full_reach_the_engine(tiny_artifact):
+    _, artifact = tiny_artifact
+    with ServerProcess(artifact, "--max-queue-delay-ms", "1500", "--max-queue", "1") as server:
+        server.wait_ready()
+        with BertzooClient(server.target, options=channel_options(retries=False)) as client:
+            with pytest.raises(grpc.RpcError) as expired:
+                client.sentiment(["too late"], timeout=0.3)
+            assert expired.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            cancelled = client.stub.Sentiment.future(pb2.SentimentRequest(texts=["cancelled"]), timeout=30)
+            time.sleep(0.3)
+            cancelled.cancel()
+            time.sleep(2.0)  # past the queue delay: a batch would have run by now
+            assert metric(server.metrics(), "bertzoo_batch_size_count") == 0  # neither reached the model
+            waiting = client.stub.Sentiment.future(pb2.SentimentRequest(texts=["waits"]), timeout=30)
+            time.sleep(0.3)
+            started = time.perf_counter()
+            with pytest.raises(grpc.RpcError) as refused:
+                client.sentiment(["one too many"], timeout=10)
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert time.perf_counter() - started < 0.5  # refused at once, not after the queue delay
+            assert len(waiting.result().results) == 1
+
+
+def test_long_requests_keep_their_lane_through_the_engine(tiny_artifact):
+    _, artifact = tiny_artifact
+    context = " ".join(f"Sentence {i} tells of the river and the town." for i in range(60))
+    with ServerProcess(artifact, "--long-request-tokens", "200") as server:
+        server.wait_ready()
+        with BertzooClient(server.target) as client:
+            assert len(client.qa([("what does it tell of?", context)]).results) == 1
+            assert len(client.sentiment(["short"]).results) == 1
+        text = server.metrics()
+    assert metric(text, "bertzoo_queue_limit", lane="long") > 0
+    assert metric(text, "bertzoo_batch_size_count") >= 3  # the long request's windows ran in several batches
+
+
+def test_a_dead_front_end_is_replaced_and_our_client_retries_its_calls(tiny_artifact):
+    _, artifact = tiny_artifact
+    with ServerProcess(artifact, "--max-queue-delay-ms", "800") as server:
+        server.wait_ready()
+        assert len(server.children()) == 3
+        clients = [BertzooClient(server.target) for _ in range(6)]  # retries on, as users run it
+        calls = [c.stub.Sentiment.future(pb2.SentimentRequest(texts=[f"in flight {i}"]), timeout=30)
+                 for i, c in enumerate(clients)]
+        time.sleep(0.3)
+        victim = server.children("bertzoo-fe-")[0]
+        os.kill(victim, signal.SIGKILL)
+        outcomes = []
+        for call in calls:
+            try:
+                outcomes.append(len(call.result().results))
+            except grpc.RpcError as e:
+                outcomes.append(e.code())
+        assert set(outcomes) <= {1, grpc.StatusCode.UNAVAILABLE}
+        for _ in range(100):
+            if len(server.children()) == 3:
+                break
+            time.sleep(0.1)
+        after = set(server.children())
+        assert victim not in after and len(after) == 3
+        server.wait_ready()
+        for c in clients:  # the retrying client carries on against the replacement
+            assert len(c.sentiment(["after the restart"]).results) == 1
+            c.close()
+        assert server.stop() == 0
+    assert re.search(r"front end \d exited \(code -9\): starting it again", server.output)
+
+
+def test_a_dead_engine_stops_the_server_with_an_error_and_leaves_nothing(tiny_artifact):
+    _, artifact = tiny_artifact
+    with ServerProcess(artifact) as server:
+        server.wait_ready()
+        children = server.children()
+        [engine] = server.children("bertzoo-engine")
+        os.kill(engine, signal.SIGKILL)
+        code = server.process.wait(timeout=60)
+        server.stop()
+    assert code == 1
+    assert all(gone(pid) for pid in children)
+    assert "the engine process exited (code -9)" in server.output, server.output[-3000:]
+    assert not server.run_dir().exists()
+
+
+def test_a_taken_port_fails_the_start_with_one_line(tiny_artifact):
+    _, artifact = tiny_artifact
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        server = ServerProcess(artifact)
+        server.port = taken.getsockname()[1]
+        server.process.kill()
+        server.process.communicate()
+        command = [sys.executable, "-m", "bertzoo.cli", "serve", str(artifact), "--host", "127.0.0.1", "--port",
+                   str(server.port), "--metrics-port", "0", "--frontends", "2"]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert f"could not listen on 127.0.0.1:{server.port}" in result.stderr and "--port" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_tls_tokens_reflection_streams_and_message_limits_unchanged(tiny_artifact, tmp_path):
+    _, artifact = tiny_artifact
+    cert, key = self_signed(tmp_path)
+    flags = ("--tls-cert", str(cert), "--tls-key", str(key), "--auth-token", "s3cret", "--max-message-bytes", "4096")
+    with ServerProcess(artifact, *flags) as server:
+        secure = {"tls": True, "root_certificates": str(cert), "token": "s3cret"}
+        server.wait_ready(**secure)
+        with BertzooClient(server.target, **secure) as client:
+            assert len(client.sentiment(["over TLS with a token"]).results) == 1
+            streamed = list(client.stream("Sentiment", iter([pb2.SentimentRequest(texts=[f"s{i}"]) for i in range(5)]),
+                                          timeout=30))
+            assert len(streamed) == 5 and all(r.response.results for r in streamed)
+            with pytest.raises(grpc.RpcError) as too_big:
+                client.sentiment(["x" * 5000])
+            assert too_big.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        with BertzooClient(server.target, tls=True, root_certificates=str(cert),
+                           options=channel_options(retries=False)) as anonymous:
+            with pytest.raises(grpc.RpcError) as refused:
+                anonymous.sentiment(["no token"])
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+            stub = reflection_pb2_grpc.ServerReflectionStub(anonymous.channel)
+            request = reflection_pb2.ServerReflectionRequest(list_services="")
+            reply = next(stub.ServerReflectionInfo(iter([request]), metadata=[("authorization", "Bearer s3cret")]))
+            assert "bertzoo.v1.Bertzoo" in [s.name for s in reply.list_services_response.service]
