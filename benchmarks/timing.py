@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import platform
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from bertzoo.cpu import cpu_flags
 
@@ -14,13 +16,27 @@ from bertzoo.cpu import cpu_flags
 FLAGS_OF_NOTE = {"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16"}
 
 
+def commit() -> str:
+    """The checked-out commit, with "+changes" when the working tree differs from it ("unknown" outside git)."""
+    here = Path(__file__).parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+changes" if dirty else "")
+
+
 def machine() -> dict:
-    """Date, CPU, cores and the CPU flags of note, for a benchmark's results."""
+    """Date, commit, CPU, cores and the CPU flags of note, for a benchmark's results: every result file records
+    them through this one helper."""
     try:
         names = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")]
     except OSError:
         names = []
-    return {"date": time.strftime("%Y-%m-%d"), "cpu": names[0] if names else platform.machine(),
+    return {"date": time.strftime("%Y-%m-%d"), "commit": commit(), "cpu": names[0] if names else platform.machine(),
             "cores": os.cpu_count(), "cpu_flags": sorted(cpu_flags() & FLAGS_OF_NOTE)}
 
 

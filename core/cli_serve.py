@@ -25,6 +25,13 @@ def _serve_option(*decls: str, name: str, **kwargs):
 
 @click.command()
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False), envvar="BERTZOO_MODEL_DIR")
+@_serve_option("--port", name="port", type=int, help="gRPC port.")
+@_serve_option("--host", name="host", help="Address the gRPC port binds to.")
+@_serve_option("--metrics-port", name="metrics_port", type=int, help="Prometheus /metrics port; 0: none.")
+@_serve_option("--metrics-host", name="metrics_host", help="Address of the metrics endpoint (local by default).")
+@_serve_option("--variant", name="variant", type=click.Choice(["auto", "fp32", "optimized", "int8"]), default="auto",
+               help="The artifact's encoder (onnxruntime); auto: the fastest it holds whose export parity gates passed "
+                    "(int8, then optimized, then fp32).")
 @_serve_option("--backend", name="backend", type=click.Choice(["onnxruntime", "torch", "tensorrt", "openvino"]),
                help="onnxruntime: MODEL_DIR is a `bertzoo export` artifact; openvino: the same artifact on OpenVINO "
                     "(CPU; pip install 'bertzoo[openvino]'); tensorrt: an artifact exported with --trt (needs --device "
@@ -34,48 +41,32 @@ def _serve_option(*decls: str, name: str, **kwargs):
 @_serve_option("--precision", name="precision", type=click.Choice(["auto", "fp32", "fp16", "bf16"]),
                help="torch: what the encoder computes in, auto = fp16 on cuda, fp32 on cpu; openvino: fp32 or bf16, "
                     "auto = bf16 where the CPU has native bf16 (AVX-512 BF16, AMX), else fp32.")
-@_serve_option("--openvino-cache-dir", name="openvino_cache_dir", type=click.Path(file_okay=False),
-               help="openvino: where compiled models are cached, so a restart does not compile again "
-                    "[default: ~/.cache/bertzoo/openvino].")
-@_serve_option("--cuda-graphs/--no-cuda-graphs", name="cuda_graphs",
-               help="torch backend on cuda: replay the encoder as one captured CUDA graph per batch shape.")
-@_serve_option("--variant", name="variant", type=click.Choice(["fp32", "optimized", "int8"]),
-               help="The artifact's encoder variant (onnxruntime).")
-@_serve_option("--threads", name="threads", type=int, help="Backend intra-op threads [default: all cores].")
-@_serve_option("--ort-spinning/--no-ort-spinning", name="ort_spinning",
-               help="ONNX Runtime threads spin between ops: lower latency, busier idle CPU.")
 @_serve_option("--frontends", name="frontends", type=str, default="auto",
-               help="Front-end processes doing gRPC, tokenization and post-processing in front of one engine process; "
-                    "1: one process. auto: 1 on the CPU below 16 cores (cores // 8 above), half the cores (at most 8) "
-                    "with --device cuda.")
-@_serve_option("--host", name="host", help="Address the gRPC port binds to.")
-@_serve_option("--port", name="port", type=int, help="gRPC port.")
-@_serve_option("--metrics-host", name="metrics_host", help="Address of the metrics endpoint (local by default).")
-@_serve_option("--metrics-port", name="metrics_port", type=int, help="Prometheus /metrics port; 0: none.")
+               help="Processes doing gRPC, tokenization and post-processing in front of one engine process; 1: one "
+                    "process for everything. auto: 1 on the CPU below 16 cores (cores // 8 above); on a GPU half the "
+                    "cores, at most 8.")
+@_serve_option("--instances", name="instances", type=str, default="auto",
+               help="Engine instances running batches side by side (CPU engines), the --threads shared out among "
+                    "them; auto: one per core up to 4 cores, one per 2 cores above (at most 8); 1 on a GPU.")
+@_serve_option("--threads", name="threads", type=int, help="Backend intra-op threads [default: all cores].")
 @_serve_option("--max-items", name="max_items", type=int, help="Items per request.")
-@_serve_option("--stream-window", name="stream_window", type=int,
-               help="Requests of one stream (the *Stream RPCs) worked on at a time; the server reads no more of that "
-                    "stream until one is answered.")
 @_serve_option("--max-text-chars", name="max_text_chars", type=int,
                help="Characters per text, QA contexts included; longer texts are rejected.")
-@_serve_option("--max-message-bytes", name="max_message_bytes", type=int,
-               help="Bytes per request message; larger ones are answered RESOURCE_EXHAUSTED and counted [default: "
-                    "room for --max-items pairs of --max-text-chars 4-byte characters].")
 @_serve_option("--max-request-tokens", name="max_request_tokens", type=int,
                help="Encoder tokens per request (every sentence and QA window); costlier requests are refused with "
                     "INVALID_ARGUMENT.")
-@_serve_option("--instances", name="instances", type=int,
-               help="Engine instances running batches side by side (CPU engines), the --threads shared out among "
-                    "them; 2 on a small machine lets two batches run while the other waits for nothing.")
-@_serve_option("--pin-instances/--no-pin-instances", name="pin_instances",
-               help="With --instances over 1 and their threads adding up to every core this process may use, run each "
-                    "instance on cores of its own (the event loop on any); off: the scheduler places them.")
-@_serve_option("--long-request-tokens", name="long_request_tokens", type=int,
-               help="Requests costing more encoder tokens than this run in the long-request lane, at low CPU "
-                    "priority, so short requests are not held behind them.")
+@_serve_option("--max-message-bytes", name="max_message_bytes", type=int,
+               help="Bytes per request message; larger ones are answered RESOURCE_EXHAUSTED and counted [default: "
+                    "room for --max-items pairs of --max-text-chars 4-byte characters].")
 @_serve_option("--overlong", name="overlong", type=click.Choice(["truncate", "reject"]),
                help="A sentence over the model's max_seq_length tokens (or a question over qa_max_question_tokens): "
                     "truncate it as training did, or reject the request with INVALID_ARGUMENT.")
+@_serve_option("--stream-window", name="stream_window", type=int,
+               help="Requests of one stream (the *Stream RPCs) worked on at a time; the server reads no more of that "
+                    "stream until one is answered.")
+@_serve_option("--long-request-tokens", name="long_request_tokens", type=int,
+               help="Requests costing more encoder tokens than this run in the long-request lane, at low CPU "
+                    "priority, so short requests are not held behind them.")
 @_serve_option("--max-batch-size", name="max_batch_size", type=int, help="Sequences per encoder batch.")
 @_serve_option("--max-batch-tokens", name="max_batch_tokens", type=int,
                help="Padded tokens (sequences x length bucket) per encoder batch.")
@@ -89,8 +80,6 @@ def _serve_option(*decls: str, name: str, **kwargs):
 @_serve_option("--tls-cert", name="tls_cert", type=click.Path(exists=True, dir_okay=False),
                help="PEM certificate (chain); with --tls-key the server speaks TLS only.")
 @_serve_option("--tls-key", name="tls_key", type=click.Path(exists=True, dir_okay=False), help="PEM private key.")
-@_serve_option("--verify-key", name="verify_key", type=click.Path(exists=True, dir_okay=False),
-               help="Ed25519 public key (PEM): serve only an artifact whose manifest it signed (export --sign-key).")
 @_serve_option("--tls-client-ca", name="tls_client_ca", type=click.Path(exists=True, dir_okay=False),
                help="PEM CA bundle: require a client certificate it signed (mTLS).")
 @_serve_option("--auth-token", name="auth_token",
@@ -98,10 +87,22 @@ def _serve_option(*decls: str, name: str, **kwargs):
                     "variable or --auth-token-file: a command line is visible to other users.")
 @click.option("--auth-token-file", type=click.Path(exists=True, dir_okay=False), envvar="BERTZOO_AUTH_TOKEN_FILE",
               show_envvar=True, help="Read the token from this file.")
+@_serve_option("--verify-key", name="verify_key", type=click.Path(exists=True, dir_okay=False),
+               help="Ed25519 public key (PEM): serve only an artifact whose manifest it signed (export --sign-key).")
 @_serve_option("--shutdown-grace", name="shutdown_grace", type=float,
                help="Seconds accepted requests get to finish after SIGTERM.")
-@_serve_option("--tokenize-threads", name="tokenize_threads", type=int, help="Tokenizer threads.")
 @_serve_option("--warmup/--no-warmup", name="warmup", help="Run every length bucket once before reporting SERVING.")
+@_serve_option("--tokenize-threads", name="tokenize_threads", type=int, help="Tokenizer threads.")
+@_serve_option("--pin-instances/--no-pin-instances", name="pin_instances",
+               help="With --instances over 1 and their threads adding up to every core this process may use, run each "
+                    "instance on cores of its own (the event loop on any); off: the scheduler places them.")
+@_serve_option("--ort-spinning/--no-ort-spinning", name="ort_spinning",
+               help="ONNX Runtime threads spin between ops: lower latency, busier idle CPU.")
+@_serve_option("--openvino-cache-dir", name="openvino_cache_dir", type=click.Path(file_okay=False),
+               help="openvino: where compiled models are cached, so a restart does not compile again "
+                    "[default: ~/.cache/bertzoo/openvino].")
+@_serve_option("--cuda-graphs/--no-cuda-graphs", name="cuda_graphs",
+               help="torch backend on cuda: replay the encoder as one captured CUDA graph per batch shape.")
 def serve(auth_token_file: str | None, max_batch_size: int, max_batch_tokens: int, max_queue: int,
           max_queue_delay_ms: float, pad_to: str, **options) -> None:
     """Serve MODEL_DIR over gRPC (bertzoo.v1.Bertzoo, health, reflection) until SIGTERM, with a dynamic batcher and
@@ -109,33 +110,57 @@ def serve(auth_token_file: str | None, max_batch_size: int, max_batch_tokens: in
     from bertzoo.artifact import ArtifactError
     from bertzoo.serving.backends import BackendUnavailable, check_available, check_model_dir
     from bertzoo.serving.config import BatchSettings, ServeConfig
-    from bertzoo.serving.frontends import frontend_count, run_with_frontends
+    from bertzoo.serving.frontends import run_with_frontends
     from bertzoo.serving.grpc_server import run_serve
 
     if auth_token_file:
         options["auth_token"] = Path(auth_token_file).read_text().strip()
     if pad_to is None:
         pad_to = "bucket" if options["device"] == "cuda" else "longest"
-    frontends = options.pop("frontends")
-    if frontends != "auto" and not frontends.isdigit():
-        raise click.BadParameter(f"{frontends!r} is neither auto nor a number of processes", param_hint="--frontends")
-    options["frontends"] = None if frontends == "auto" else int(frontends)
     try:
+        # Before the port is bound: one line naming what to install, or what MODEL_DIR should be.
+        check_available(options["backend"], options["device"])
+        check_model_dir(options["backend"], options["model_dir"], options["verify_key"])
+        _resolve_auto(options)
         batch = BatchSettings(max_batch_size, max_batch_tokens, max_queue, max_queue_delay_ms, pad_to)
         config = ServeConfig(batch=batch, **options)
+    except (ArtifactError, BackendUnavailable, FileNotFoundError) as e:
+        raise click.ClickException(str(e)) from e
     except ValueError as e:
         raise click.UsageError(str(e)) from e
     try:
-        # Before the port is bound: one line naming what to install, or what MODEL_DIR should be.
-        check_available(config.backend, config.device)
-        check_model_dir(config.backend, config.model_dir, config.verify_key)
-        count = frontend_count(config)
-        if count == 1:
+        if config.frontends == 1:
             run_serve(config)
-        elif code := run_with_frontends(config, count):
+        elif code := run_with_frontends(config):
             sys.exit(code)
     except (ArtifactError, BackendUnavailable, FileNotFoundError, OSError) as e:
         raise click.ClickException(str(e)) from e
+
+
+def _resolve_auto(options: dict) -> None:
+    """Replace each ``auto`` of --variant, --instances and --frontends by what it means on this machine and artifact
+    (bertzoo.serving.machine_defaults), and log the choice; a number must be a positive count."""
+    import logging
+
+    from bertzoo.serving import machine_defaults as auto
+
+    chosen = []
+    if options["variant"] == "auto":
+        options["variant"] = auto.variant(options["model_dir"]) if options["backend"] == "onnxruntime" else "fp32"
+        chosen.append(f"variant {options['variant']}")
+    for name, rule in (("instances", lambda: auto.instances(options["backend"], options["device"], options["threads"])),
+                       ("frontends", lambda: auto.frontends(options["device"]))):
+        value = options[name]
+        if value == "auto":
+            options[name] = rule()
+            chosen.append(f"{name} {options[name]}")
+        elif value.isdigit() and int(value) >= 1:
+            options[name] = int(value)
+        else:
+            raise click.BadParameter(f"{value!r} is neither auto nor a count >= 1", param_hint=f"--{name}")
+    if chosen:
+        logging.getLogger("bertzoo.serving").info("auto on %d cores: %s (any can be forced by its flag)",
+                                                  auto.cores(), ", ".join(chosen))
 
 
 def _client_options(command):

@@ -60,9 +60,9 @@ class ServeConfig:
     # ORT worker threads spin between ops when on. Off by default: a server shares its cores with gRPC, the event loop
     # and the tokenizer, and spinning threads starve them (measured: +28% throughput with it off, RESULTS.md).
     ort_spinning: bool = False
-    # Front-end processes (gRPC, tokenization, post-processing) in front of one engine process; 1: everything in one
-    # process, as before front ends existed. None: auto, by the rule in serving/frontends.py's frontend_count.
-    frontends: int | None = None
+    # Front-end processes (gRPC, tokenization, post-processing) in front of one engine process (serving/frontends.py);
+    # 1: everything in one process. `bertzoo serve` picks it from the machine (serving/machine_defaults.py).
+    frontends: int = 1
     host: str = "0.0.0.0"
     port: int = 50051  # 0: pick a free port (tests)
     metrics_host: str = "127.0.0.1"  # the metrics endpoint is local unless asked otherwise
@@ -124,8 +124,8 @@ class ServeConfig:
                 raise ValueError(f"TLS file not found: {path}")
         if self.auth_token is not None and not self.auth_token.strip():
             raise ValueError("auth_token is empty; leave it unset to turn authentication off")
-        if self.frontends is not None and self.frontends < 1:
-            raise ValueError(f"frontends must be >= 1 (or auto), got {self.frontends}")
+        if self.frontends < 1:
+            raise ValueError(f"frontends must be >= 1, got {self.frontends}")
         if self.max_message_bytes is not None and self.max_message_bytes < 1024:
             raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
         for name in ("max_items", "stream_window", "max_text_chars", "tokenize_threads", "max_request_tokens",

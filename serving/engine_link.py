@@ -123,7 +123,7 @@ class EngineLink:
             return
         frames = hops.pack_jobs(self._outbox, self._cancelled)
         self._outbox, self._cancelled = [], []
-        self._socket.send_multipart(frames, copy=False)
+        self._socket.send_multipart(frames)  # copying a few KB beats zero-copy frames
 
     # ------------------------------------------------------------------ answers
 

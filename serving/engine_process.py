@@ -110,7 +110,7 @@ class EngineHost:
         waiting = {"main": self._lanes.main.waiting, "long": self._lanes.long.waiting}
         outbox, self._outbox = self._outbox, defaultdict(list)
         for peer, outcomes in outbox.items():
-            self._socket.send_multipart([peer, *hops.pack_results(outcomes, waiting)], copy=False)
+            self._socket.send_multipart([peer, *hops.pack_results(outcomes, waiting)])
 
 
 async def run_engine(config: ServeConfig, address: str, control: Connection) -> None:

@@ -47,26 +47,12 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 from .config import ServeConfig
-from .workers import usable_cores
 
 log = logging.getLogger("bertzoo.serving")
 
 MAX_RESTARTS = 5  # front-end restarts within RESTART_WINDOW seconds before the server gives up
 RESTART_WINDOW = 60.0
 LOG_FORMAT = "%(asctime)s %(processName)s %(name)s: %(message)s"
-
-
-def frontend_count(config: ServeConfig) -> int:
-    """``--frontends auto``: one process (no front ends apart) unless the engine can answer more requests than one
-    event loop can take. A front end serves about 1,000-1,500 requests/s from one core (benchmarks/RESULTS.md,
-    "Serving on CPU"). On the CPU the engine needs the cores itself and serves a few hundred sentences/s per 2 cores:
-    one front end per 8 cores. On a GPU the engine serves ~10,000/s from any core count: half the cores, at most 8."""
-    if config.frontends is not None:
-        return config.frontends
-    cores = len(usable_cores()) or os.cpu_count() or 1
-    if config.device == "cuda":
-        return max(1, min(8, cores // 2))
-    return max(1, cores // 8)
 
 
 def child_process_setup(log_levels: dict[str, int], short_name: str,
@@ -203,8 +189,9 @@ class Supervisor:
                 self.engine.join()
 
 
-def run_with_frontends(config: ServeConfig, frontends: int) -> int:
-    """Serve with ``frontends`` front-end processes until SIGTERM or SIGINT; returns the exit code."""
+def run_with_frontends(config: ServeConfig) -> int:
+    """Serve with ``config.frontends`` front-end processes until SIGTERM or SIGINT; returns the exit code."""
+    frontends = config.frontends
     from .metrics import merged_registry, serve_metrics
     from .ports import hold_port
 

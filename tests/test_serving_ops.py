@@ -137,7 +137,8 @@ def test_calls_cut_when_the_shutdown_grace_runs_out_are_counted(tiny_artifact, c
                 assert cut.value.code() == grpc.StatusCode.UNAVAILABLE  # what the log and the metrics say
     assert running.metrics.registry.get_sample_value(
         "bertzoo_request_failures_total", {"task": "sentiment", "code": "UNAVAILABLE", "reason": "shutdown"}) == 5
-    assert any("5 calls still running when the 0.3 s grace ran out were cut (UNAVAILABLE" in r.getMessage() for r in caplog.records)
+    assert any("5 calls still running when the 0.3 s grace ran out were cut (UNAVAILABLE" in r.getMessage()
+               for r in caplog.records)
 
 
 def test_sigterm_finishes_every_accepted_request_then_exits(tiny_artifact):

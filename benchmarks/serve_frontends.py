@@ -1,0 +1,153 @@
+"""`bertzoo serve --frontends N`: what the request path can carry with N front-end processes, side by side in one run.
+
+    python benchmarks/serve_frontends.py --probe DIR [--artifact ARTIFACT] [--data ../shared/data/ids-sst-dev.csv] \
+        [--frontends 1 2] [--rounds 3] [--json FILE]
+
+1. **Front-end capacity**, on a *front-end probe*: a 1-layer, hidden-32 model with random weights (built into DIR by
+   this script if absent, exported like any other; its answers mean nothing), whose engine costs next to nothing, so
+   a server's rate is what its request path can do. For each N of --frontends, alternating over --rounds: a fresh
+   server, one-sentence Sentiment calls from h2load (C: almost no CPU of its own, nghttp2-client) at --concurrency
+   connections, and the CPU seconds per request of the front ends, the engine and the parent (by process name), and
+   of the load generator.
+2. With --artifact (a real model's `bertzoo export --int8` output): each of --variants under the same load, against
+   its in-process ceiling (serve_speed.in_process_ceiling), served with the default engine flags and with
+   --instances 2, at each N.
+
+Every answer is checked OK on the server's own counters (serve_h2load.serve_once's rule).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from processes import free_port, start_bertzoo, stat_cpu_seconds, stop
+from serve_h2load import grpc_bodies, h2load, ok_answers, quantile_sentences
+from serve_speed import VARIANTS, in_process_ceiling
+from timing import machine
+
+from bertzoo.serving.load import load_items
+
+PROBE_ENCODER = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+                 "max_position_embeddings": 512}
+
+
+def build_probe(directory: Path) -> Path:
+    """The front-end probe's artifact in ``directory``/artifact (trained 1 step on the bundled samples)."""
+    artifact = directory / "artifact"
+    if (artifact / "manifest.json").exists():
+        return artifact
+    from bertzoo.export.exporter import ExportOptions, export_checkpoint
+    from bertzoo.trainer.config import TrainConfig
+    from bertzoo.trainer.train import train
+
+    config = TrainConfig(out_dir=str(directory / "run"), random_init=True, encoder_overrides=PROBE_ENCODER,
+                         limit_per_task=8, batch_size=4, max_steps=1, progress=False, eval_every_epoch=False)
+    train(config)
+    export_checkpoint(directory / "run", artifact, ExportOptions(parity_limit=4))
+    return artifact
+
+
+def process_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def cpu_by_role(pid: int) -> dict[str, float]:
+    """CPU seconds so far of the server ``pid`` itself ("parent": with N = 1 the whole server), its front ends and
+    its engine (its children, told apart by the names they give themselves)."""
+    roles = {"parent": stat_cpu_seconds(Path(f"/proc/{pid}/stat")), "frontends": 0.0, "engine": 0.0}
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    for child in children.read_text().split() if children.exists() else []:
+        name = process_name(int(child))
+        role = "engine" if name == "bertzoo-engine" else "frontends" if name.startswith("bertzoo-fe-") else None
+        if role is not None:
+            roles[role] += stat_cpu_seconds(Path(f"/proc/{child}/stat"))
+    return roles
+
+
+def served(artifact: str, flags: list[str], sentences: list[str], args: argparse.Namespace, workdir: Path) -> dict:
+    """A fresh server with ``flags`` under h2load: requests/s, CPU per request by role, every answer OK."""
+    port, metrics_port = free_port(), free_port()
+    process = start_bertzoo(artifact, port, *flags, metrics_port=metrics_port)
+    try:
+        time.sleep(1.0)  # every front end has turned SERVING (start_bertzoo returns at the first answer)
+        before, cpu0, t0 = ok_answers(metrics_port, "sentiment"), cpu_by_role(process.pid), time.perf_counter()
+        summary = h2load(f"http://127.0.0.1:{port}/bertzoo.v1.Bertzoo/Sentiment", grpc_bodies("sentiment", sentences),
+                         ["content-type: application/grpc", "te: trailers"], args.concurrency, args.seconds, workdir)
+        wall, cpu1, after = time.perf_counter() - t0, cpu_by_role(process.pid), ok_answers(metrics_port, "sentiment")
+    finally:
+        stop(process)
+    codes = {c: after.get(c, 0) - before.get(c, 0) for c in after}
+    if any(n for c, n in codes.items() if c not in ("OK", "CANCELLED")) or codes.get("CANCELLED", 0) > args.concurrency:
+        raise RuntimeError(f"{flags}: answers other than OK: {codes}")
+    answered = codes.get("OK", 0)  # warm-up included: the CPU was measured over the same span
+    cpu = {role: (cpu1[role] - cpu0[role]) for role in cpu0}
+    return {**summary, "server_answers": codes,
+            "server_cores": sum(cpu.values()) / wall,
+            "cpu_ms_per_request": {role: 1000 * seconds / answered for role, seconds in cpu.items()},
+            "load_generator_ms_per_request": 1000 * summary["load_generator_cores"] * wall / answered}
+
+
+def line(name: str, row: dict, ceiling: float | None = None) -> str:
+    per = row["cpu_ms_per_request"]
+    share = f" = {row['items_per_s'] / ceiling:.2f} of the ceiling" if ceiling else ""
+    return (f"{name:34} {row['items_per_s']:7.1f}/s{share}; server {row['server_cores']:.2f} cores; CPU ms/request: "
+            f"front ends {per['frontends']:.3f}, engine {per['engine']:.3f}, parent {per['parent']:.3f}, "
+            f"load generator {row['load_generator_ms_per_request']:.3f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--probe", required=True, type=Path, help="the front-end probe's folder (built if absent)")
+    parser.add_argument("--artifact", default=None, help="a real model's export (with --int8) for part 2")
+    parser.add_argument("--variants", nargs="+", default=["fp32", "int8"], choices=["fp32", "optimized", "int8"])
+    parser.add_argument("--data", default=None, help="SST sentences (default: the bundled sample)")
+    parser.add_argument("--frontends", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--groups", type=int, default=8)
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=2, help="the in-process ceiling's threads (the machine's cores)")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    if shutil.which("h2load") is None:
+        sys.exit("h2load not found: apt-get install nghttp2-client")
+    probe = str(build_probe(args.probe))
+    texts = load_items("sentiment", args.data)
+    results: dict = {"machine": machine(), "probe": [], "variants": []}
+    print(json.dumps(results["machine"]), flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        sentences = quantile_sentences(probe, texts, args.groups)
+        for round_ in range(args.rounds):
+            for n in args.frontends:
+                row = served(probe, ["--frontends", str(n), "--threads", "1"], sentences, args, Path(tmp))
+                results["probe"].append({"round": round_, "frontends": n, **row})
+                print(line(f"probe, frontends {n} (round {round_ + 1})", row), flush=True)
+        if args.artifact:
+            sentences = quantile_sentences(args.artifact, texts, args.groups)
+            repeated = sentences * (1100 // len(sentences))
+            for variant in args.variants:
+                ceiling = in_process_ceiling(args.artifact, variant, repeated, args.threads, ("sentiment",))
+                rate = ceiling["sentiment"]["ceiling"]
+                print(f"{variant}: in-process ceiling {rate:.1f}/s ({ceiling['sentiment']['best']})", flush=True)
+                for instances in (1, 2):
+                    for n in args.frontends:
+                        flags = [*VARIANTS[variant][2], "--frontends", str(n), "--instances", str(instances)]
+                        row = served(args.artifact, flags, sentences, args, Path(tmp))
+                        results["variants"].append({"variant": variant, "instances": instances, "frontends": n,
+                                                    "ceiling_per_s": rate, **row})
+                        print(line(f"{variant}, instances {instances}, frontends {n}", row, rate), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
