@@ -255,9 +255,21 @@ def client_command(task: str, texts: tuple[str, ...], connection: dict, timeout:
                      "qa": lambda: client.qa(pairs), "info": client.model_info}
             response = calls[task]()
         except grpc.RpcError as e:
-            raise click.ClickException(f"{e.code().name}: {e.details()}") from e
+            raise click.ClickException(_rpc_error_line(e, connection["target"])) from e
     shown = MessageToDict(response, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
     click.echo(json.dumps(shown, indent=2, ensure_ascii=False))
+
+
+def _rpc_error_line(error, target: str) -> str:
+    """A failed call as one line; a server that cannot be reached at all named as such, with the option to change."""
+    import grpc
+
+    details = error.details() or ""
+    if error.code() == grpc.StatusCode.UNAVAILABLE and any(
+            words in details for words in ("failed to connect", "Connection refused", "connections to all backends",
+                                           "DNS resolution failed")):
+        return f"nothing answers at {target}: is `bertzoo serve` running there? (--target)"
+    return f"{error.code().name}: {details}"
 
 
 def _answer_file(task: str, texts: tuple[str, ...], input_file: str | None, output: str | None, connection: dict,
@@ -291,7 +303,7 @@ def _answer_file(task: str, texts: tuple[str, ...], input_file: str | None, outp
                                leave=False):
                 sink.write(json.dumps(answer, ensure_ascii=False) + "\n")
     except grpc.RpcError as e:
-        raise click.ClickException(f"{e.code().name}: {e.details()}") from e
+        raise click.ClickException(_rpc_error_line(e, connection["target"])) from e
     except OSError as e:  # the output's folder is missing or not writable
         raise click.ClickException(f"--output {output}: {e.strerror or e}") from e
 

@@ -1,0 +1,79 @@
+"""What a lone request costs beyond the engine: one client, one SST sentence per Sentiment call, one call at a time,
+the client's clock against the response's Timing fields (the server's own account of its stages).
+
+    python benchmarks/lone_request.py ARTIFACT [--data ../shared/data/ids-sst-dev.csv] [--variants fp32 int8] \
+        [--requests 400] [--json FILE] [-- more `bertzoo serve` flags]
+
+Per variant, medians in ms: the client's round trip, the server's total, and its queue, tokenize and inference
+(the engine's batch: encoder and heads) stages; "client - inference" is what the request path adds to the engine's
+own time. A bare RPC (health) gives the transport's floor on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from processes import free_port, start_bertzoo, stop
+from timing import machine
+
+from bertzoo.serving.client import BertzooClient
+from bertzoo.serving.load import load_items
+
+FIELDS = ("client", "total", "queue", "tokenize", "inference")
+
+
+def lone_requests(artifact: str, flags: list[str], texts: list[str]) -> dict[str, float]:
+    port = free_port()
+    process = start_bertzoo(artifact, port, *flags)
+    try:
+        with BertzooClient(f"127.0.0.1:{port}") as client:
+            for text in texts[:50]:  # warm-up
+                client.sentiment([text])
+            rows = []
+            for text in texts:
+                started = time.perf_counter()
+                timing = client.sentiment([text]).timing
+                rows.append((time.perf_counter() - started, timing.total_seconds, timing.queue_seconds,
+                             timing.tokenize_seconds, timing.inference_seconds))
+            health = []
+            for _ in range(200):
+                started = time.perf_counter()
+                client.health()
+                health.append(time.perf_counter() - started)
+    finally:
+        stop(process)
+    medians = {name: 1000 * statistics.median(row[k] for row in rows) for k, name in enumerate(FIELDS)}
+    return {**medians, "client_minus_inference": medians["client"] - medians["inference"],
+            "health_rpc": 1000 * statistics.median(health)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("artifact")
+    parser.add_argument("--data", default=None)
+    parser.add_argument("--variants", nargs="+", default=["fp32", "int8"])
+    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--json", default=None)
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])
+    texts = load_items("sentiment", args.data)[:args.requests]
+    results = {"machine": machine(), "requests": len(texts), "serve_flags": argv[split + 1:], "variants": {}}
+    print(json.dumps(results["machine"]), flush=True)
+    for variant in args.variants:
+        row = lone_requests(args.artifact, ["--variant", variant, *argv[split + 1:]], texts)
+        results["variants"][variant] = row
+        print(f"{variant:10} client {row['client']:.2f} ms | server total {row['total']:.2f}, queue {row['queue']:.2f}, "
+              f"tokenize {row['tokenize']:.2f}, inference {row['inference']:.2f} | client - inference "
+              f"{row['client_minus_inference']:.2f} | health RPC {row['health_rpc']:.2f}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

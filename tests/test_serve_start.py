@@ -1,0 +1,114 @@
+"""How `bertzoo serve` starts: the defaults it picks from the machine and the artifact, the one-line errors of a busy
+port or an absent server, and an in-process serve() that leaves the process's signal handling as it found it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from click.testing import CliRunner
+
+from bertzoo.artifact import write_manifest
+from bertzoo.cli import main
+from bertzoo.serving import machine_defaults
+from conftest import free_port
+
+
+def test_auto_variant_is_the_fastest_encoder_whose_gates_passed(tiny_artifact, tmp_path):
+    _, artifact = tiny_artifact
+    assert machine_defaults.variant(str(artifact)) == "fp32"  # the tiny artifact has no other encoder
+    copy = tmp_path / "artifact"
+    shutil.copytree(artifact, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    files = manifest["graphs"]["encoder"]["files"]
+    files["int8"], files["optimized"] = files["fp32"], files["fp32"]
+    manifest["parity"]["int8"] = {**manifest["parity"]["fp32"], "passed": False}
+    manifest["parity"]["optimized"] = {**manifest["parity"]["fp32"], "passed": True}
+    write_manifest(copy, manifest)
+    assert machine_defaults.variant(str(copy)) == "optimized"  # int8's gates failed: not chosen
+    manifest["parity"]["int8"]["passed"] = True
+    write_manifest(copy, manifest)
+    assert machine_defaults.variant(str(copy)) == "int8"
+
+
+@pytest.mark.parametrize(("cores", "expected"), [(1, 1), (2, 2), (4, 4), (8, 4), (16, 8), (64, 8)])
+def test_auto_instances_follow_the_cores(monkeypatch, cores, expected):
+    monkeypatch.setattr(machine_defaults, "cores", lambda: cores)
+    assert machine_defaults.instances("onnxruntime", "cpu", None) == expected
+    assert machine_defaults.instances("onnxruntime", "cpu", 1) == 1  # --threads 1: one core to share
+    assert machine_defaults.instances("onnxruntime", "cuda", None) == 1
+    assert machine_defaults.instances("torch", "cpu", None) == 1
+
+
+@pytest.mark.parametrize(("cores", "cpu", "cuda"), [(2, 1, 1), (8, 1, 4), (16, 2, 8), (32, 4, 8)])
+def test_auto_frontends_follow_the_device_and_cores(monkeypatch, cores, cpu, cuda):
+    monkeypatch.setattr(machine_defaults, "cores", lambda: cores)
+    assert machine_defaults.frontends("cpu") == cpu
+    assert machine_defaults.frontends("cuda") == cuda
+
+
+def test_a_bad_count_is_one_line_naming_the_option(tiny_artifact):
+    _, artifact = tiny_artifact
+    for option in ("--frontends", "--instances"):
+        result = CliRunner().invoke(main, ["serve", str(artifact), option, "two"])
+        assert result.exit_code == 2 and option in result.output and "neither auto nor a count" in result.output
+
+
+def _serve(artifact, *flags: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "bertzoo.cli", "serve", str(artifact), "--host", "127.0.0.1", *flags]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def test_busy_ports_are_one_line_naming_the_address_and_option(tiny_artifact):
+    _, artifact = tiny_artifact
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        grpc_busy = _serve(artifact, "--port", str(port), "--metrics-port", "0", "--frontends", "1")
+        metrics_busy = _serve(artifact, "--port", str(free_port()), "--metrics-port", str(port), "--frontends", "1")
+    assert grpc_busy.returncode == 1
+    assert f"could not listen on 127.0.0.1:{port}" in grpc_busy.stderr and "--port" in grpc_busy.stderr
+    assert "GRPC_VERBOSITY" not in grpc_busy.stderr and "Traceback" not in grpc_busy.stderr
+    assert metrics_busy.returncode == 1
+    assert f"could not serve metrics on 127.0.0.1:{port}" in metrics_busy.stderr
+    assert "--metrics-port" in metrics_busy.stderr and "Traceback" not in metrics_busy.stderr
+
+
+def test_a_client_that_reaches_nothing_says_so_and_names_the_option():
+    target = f"127.0.0.1:{free_port()}"
+    result = CliRunner().invoke(main, ["client", "sentiment", "hello", "--target", target, "--timeout", "3"])
+    assert result.exit_code == 1
+    assert f"nothing answers at {target}: is `bertzoo serve` running there? (--target)" in result.output
+
+
+def test_serve_leaves_the_signal_handlers_as_it_found_them(tiny_artifact):
+    """After an in-process serve() returns, SIGINT raises KeyboardInterrupt again and SIGTERM is the default."""
+    _, artifact = tiny_artifact
+    script = textwrap.dedent(f"""
+        import asyncio, os, signal, sys, threading
+        sys.path.insert(0, {str(sys.path[0])!r})
+        from bertzoo.serving.config import ServeConfig
+        from bertzoo.serving.grpc_server import serve
+
+        config = ServeConfig({str(artifact)!r}, host="127.0.0.1", port=0, metrics_port=0, threads=1, shutdown_grace=1)
+
+        async def main():
+            asyncio.get_running_loop().call_later(3.0, os.kill, os.getpid(), signal.SIGTERM)
+            await serve(config)
+
+        asyncio.run(main())
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, signal.getsignal(signal.SIGTERM)
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            threading.Event().wait(2)
+        except KeyboardInterrupt:
+            print("SIGINT works")
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert "SIGINT works" in result.stdout, result.stderr[-2000:]
