@@ -10,7 +10,7 @@ and the others still run. Prints one table at the end; --json writes every figur
 1. environment: GPU, driver, CUDA, torch, triton, onnxruntime and its providers;
 2. the SparsegenLin Triton kernel against the sort-based reference (float64, CPU), and its speed;
 3. parity of every GPU backend (torch fp32 / fp16 / bf16, with and without CUDA graphs; ONNX Runtime CUDA; TensorRT)
-   against the PyTorch CPU model, through the export's gates (`export/parity.py`) on real dev data;
+   against the PyTorch CPU model, through the export's gates (`export/gates.py`) on real dev data;
 4. encoder latency at b1/s32, b8/s128, b32/s64 and b1/s128 for each backend and precision;
 5. SSAF (sparsegen-lin, lambda -3) against softmax, same weights, on each GPU engine;
 6. `bertzoo serve` on the GPU: end-to-end b1/s128 latency, and 64-client throughput against the in-process ceiling.
@@ -102,7 +102,7 @@ def gpu_time(fn, warmup: int = 10, repeat: int = 100) -> float:
 
 @check("sparsegen Triton kernel")
 def triton_kernel() -> dict:
-    from bertzoo.export.sparsegen_triton import sparsegen_lin_triton
+    from bertzoo.export.sparsegen_gpu_kernel import sparsegen_lin_triton
     from bertzoo.trainer.sparsegen import _sparsegen_lin_eager, masked_softmax, sparsegen_lin
 
     worst, gen = 0.0, torch.Generator().manual_seed(0)
@@ -155,7 +155,7 @@ def torch_backends(run: str) -> dict:
 
     out = {}
     for precision in ("fp32", "fp16", "bf16"):
-        bounds = precision  # export/parity.py's bounds for that precision
+        bounds = precision  # export/gates.py's bounds for that precision
         out[f"torch {precision}"] = (make(precision, False), bounds)
         out[f"torch {precision} + CUDA graphs"] = (make(precision, True), bounds)
     return out
@@ -182,16 +182,18 @@ def trt_backends(artifact: Path) -> dict:
 
 
 def sample(batch: int, seq: int) -> dict[str, np.ndarray]:
-    from bertzoo.export.parity import _sample_batch
+    from bertzoo.export.gates import _sample_batch
 
     return _sample_batch(batch, seq, 30522, seed=batch * 1000 + seq)
 
 
 def cache_reference_outputs() -> None:
-    """parity.check runs the CPU reference model on every call; here ~16 backends share one reference per model, so
+    """gates.check runs the CPU reference model on every call; here ~16 backends share one reference per model, so
     its outputs are computed once per distinct input (same numbers, minutes less of GPU-machine time)."""
-    from bertzoo.export import parity
-    from bertzoo.trainer.evaluate import TorchBackend
+    import torch
+
+    from bertzoo.export import gates
+    from bertzoo.serving.backends import TorchBackend
 
     cache: dict = {}
 
@@ -212,7 +214,11 @@ def cache_reference_outputs() -> None:
                 cache[k] = super().head(task, inputs)
             return cache[k]
 
-    parity.TorchBackend = CachedReference
+    def reference(name, model, *, device, **_):  # the gates' one call: create_backend("torch", model, device="cpu")
+        assert name == "torch", name
+        return CachedReference(model, torch.device(device))
+
+    gates.create_backend = reference
 
 
 def backend_rows(label: str, run: str, backends: dict, splits, tokenizer, limits) -> None:
@@ -222,12 +228,12 @@ def backend_rows(label: str, run: str, backends: dict, splits, tokenizer, limits
 
 
 def backend_row(cpu_model, build, bounds: str, splits, tokenizer, limits) -> dict:
-    from bertzoo.export import parity
+    from bertzoo.export import gates
 
     backend = build()
     try:
-        report = parity.check(cpu_model, backend, bounds, splits, tokenizer, limits)
-    except parity.ParityError as e:
+        report = gates.check(cpu_model, backend, bounds, splits, tokenizer, limits)
+    except gates.ParityError as e:
         report = e.report
     latency = {}
     for b, t in SHAPES:

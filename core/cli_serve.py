@@ -1,5 +1,9 @@
 """``bertzoo serve``, ``bertzoo client`` and ``bertzoo bench-serve``: the server and the commands that call one.
-They import the serving package only when they run, so ``bertzoo --help`` stays fast."""
+
+serve's options take their defaults from ``bertzoo.serving.config`` and their choices from the backend table
+(``bertzoo.serving.backends.BACKENDS``), imported when this module loads (numpy and the backends' light modules; no
+onnxruntime, openvino, torch or grpc). The rest of the serving package (server, client, load generator) is imported
+only when a command runs, so ``bertzoo --help`` stays fast."""
 
 from __future__ import annotations
 
@@ -11,6 +15,21 @@ from pathlib import Path
 import click
 
 SERVE_TASKS = ("sentiment", "paraphrase", "similarity", "qa", "embed")
+
+
+def _backend_choices() -> tuple[click.Choice, str]:
+    """serve --backend's choices and help: the names and summaries of the backend table."""
+    from bertzoo.serving.backends import BACKENDS
+
+    return (click.Choice(list(BACKENDS)),
+            "; ".join(f"{name}: {entry.summary}" for name, entry in BACKENDS.items()) + ".")
+
+
+def _config_choices(name: str) -> click.Choice:
+    """The values any backend takes for --device or --precision (bertzoo.serving.config.DEVICES, PRECISIONS)."""
+    from bertzoo.serving import config
+
+    return click.Choice(list(getattr(config, name)))
 
 
 def _serve_option(*decls: str, name: str, **kwargs):
@@ -32,13 +51,10 @@ def _serve_option(*decls: str, name: str, **kwargs):
 @_serve_option("--variant", name="variant", type=click.Choice(["auto", "fp32", "optimized", "int8"]), default="auto",
                help="The artifact's encoder (onnxruntime); auto: the fastest it holds whose export parity gates passed "
                     "(int8, then optimized, then fp32).")
-@_serve_option("--backend", name="backend", type=click.Choice(["onnxruntime", "torch", "tensorrt", "openvino"]),
-               help="onnxruntime: MODEL_DIR is a `bertzoo export` artifact; openvino: the same artifact on OpenVINO "
-                    "(CPU; pip install 'bertzoo[openvino]'); tensorrt: an artifact exported with --trt (needs --device "
-                    "cuda); torch: a checkpoint or run directory (the PyTorch reference backend).")
-@_serve_option("--device", name="device", type=click.Choice(["cpu", "cuda"]),
+@_serve_option("--backend", name="backend", type=_backend_choices()[0], help=_backend_choices()[1])
+@_serve_option("--device", name="device", type=_config_choices("DEVICES"),
                help="cuda: the first visible NVIDIA GPU (onnxruntime needs the onnxruntime-gpu package).")
-@_serve_option("--precision", name="precision", type=click.Choice(["auto", "fp32", "fp16", "bf16"]),
+@_serve_option("--precision", name="precision", type=_config_choices("PRECISIONS"),
                help="torch: what the encoder computes in, auto = fp16 on cuda, fp32 on cpu; openvino: fp32 or bf16, "
                     "auto = bf16 where the CPU has native bf16 (AVX-512 BF16, AMX), else fp32.")
 @_serve_option("--frontends", name="frontends", type=str, default="auto",
@@ -143,10 +159,11 @@ def _resolve_auto(options: dict) -> None:
     import logging
 
     from bertzoo.serving import machine_defaults as auto
+    from bertzoo.serving.backends import BACKENDS
 
     chosen = []
-    if options["variant"] == "auto":
-        options["variant"] = auto.variant(options["model_dir"]) if options["backend"] == "onnxruntime" else "fp32"
+    if options["variant"] == "auto":  # a backend without variants reads fp32 as its one encoder (tensorrt: its engine)
+        options["variant"] = auto.variant(options["model_dir"]) if BACKENDS[options["backend"]].variants else "fp32"
         chosen.append(f"variant {options['variant']}")
     for name, rule in (("instances", lambda: auto.instances(options["backend"], options["device"], options["threads"])),
                        ("frontends", lambda: auto.frontends(options["device"]))):

@@ -2,8 +2,9 @@
 serving share, so a model scores the same in ``bertzoo eval``, in the export's parity report and through the server.
 
 A backend is anything with two methods (numpy in, numpy out): ``encode`` runs the encoder over a padded batch and
-``head`` runs one task's head. Every engine (ONNX Runtime, PyTorch, TensorRT) is in serving/backends/, made by its
-``create_backend``.
+``head`` runs one task's head. Every backend (ONNX Runtime, OpenVINO, TensorRT, PyTorch) is in serving/backends/,
+listed in its table ``BACKENDS`` and made by its ``create_backend``; Triton's model in export/triton_python_model.py
+wraps Triton's own calls in the same protocol.
 """
 
 from __future__ import annotations

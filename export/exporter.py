@@ -21,7 +21,7 @@ from bertzoo.tokenization import Tokenizer
 from bertzoo.trainer.checkpoint import TOKENIZER, WEIGHTS, load_model
 from bertzoo.trainer.config import TrainConfig
 
-from . import onnx_graphs, ort_tools, parity
+from . import gates, onnx_graphs, ort_tools
 
 log = logging.getLogger("bertzoo.export")
 
@@ -151,9 +151,9 @@ def _export_into(work: Path, out: Path, model, train_config: TrainConfig, tokeni
         backend = create_backend("onnxruntime", work, variant=variant, manifest=draft)
         try:
             precision = variant.removeprefix("padded_")  # the padded graphs face their own precision's bounds
-            parity_reports[variant] = parity.check(model, backend, precision, splits, tokenizer,
+            parity_reports[variant] = gates.check(model, backend, precision, splits, tokenizer,
                                                     train_config.limits, options.progress)
-        except parity.ParityError as e:
+        except gates.ParityError as e:
             failed = out.with_name(f"{out.name}.parity-failed.json")
             write_json_atomic(failed, {**parity_reports, variant: e.report})
             raise ExportError(f"{e}; {PARITY_ADVICE[variant.removeprefix('padded_')]}; "
@@ -174,7 +174,7 @@ def _export_into(work: Path, out: Path, model, train_config: TrainConfig, tokeni
         # The engine faces the same gates, at fp16 bounds: encoder on TensorRT, heads on ONNX Runtime as served.
         engine_backend = TensorRTWithOrtHeads(TensorRTBackend(trt_dir / "encoder.fp16.plan"),
                                               OnnxRuntimeBackend(work, "fp32", manifest=draft, encoder=False))
-        parity_reports["tensorrt_fp16"] = parity.check(model, engine_backend, "fp16", splits, tokenizer,
+        parity_reports["tensorrt_fp16"] = gates.check(model, engine_backend, "fp16", splits, tokenizer,
                                                        train_config.limits, options.progress)
     sentiment = task_spec("sentiment", train_config.sentiment_dataset)
     labels = {"sentiment": list(sentiment.labels), "paraphrase": ["not_duplicate", "duplicate"]}

@@ -9,7 +9,7 @@
   MatMul fusions are kept, the fusions whose CPU kernels are slower (``SLOW_CPU_FUSIONS``) are not made.
 
 Both write to a temporary file and rename, so a crash never leaves half a graph behind. Accuracy is not assumed:
-``export/parity.py`` measures every variant before it goes into the manifest.
+``export/gates.py`` measures every variant before it goes into the manifest.
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ def register_sparsegen_plugin() -> None:
             return
 
         try:
-            from .sparsegen_triton import sparsegen_lin_triton
+            from .sparsegen_gpu_kernel import sparsegen_lin_triton
         except ImportError as e:
             raise TensorRTUnavailable(f"the SparsegenLin plugin needs `triton` ({e}). {_INSTALL_HINT}") from e
 

@@ -8,12 +8,16 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-BACKENDS = ("onnxruntime", "torch", "tensorrt", "openvino")
-DEVICES = ("cpu", "cuda")
-# auto: fp16 on a GPU (as a TensorRT fp16 engine), fp32 on the CPU; with openvino, bf16 where the CPU computes it
-# natively (AVX-512 BF16 or AMX), else fp32. Only torch and openvino have a choice: an ONNX Runtime artifact's
-# precision is its variant, a TensorRT engine's the one it was built with.
-PRECISIONS = ("auto", "fp32", "fp16", "bf16")
+from .backends import BACKENDS
+
+# The backends, their devices and precisions: serving/backends' table, BACKENDS. DEVICES and PRECISIONS are every
+# value any backend takes (serve's --device and --precision choices); which backend takes which is the table's.
+# auto: torch computes in fp16 on a GPU and fp32 on the CPU (resolved_precision); openvino in bf16 where the CPU
+# computes it natively (AVX-512 BF16 or AMX), else fp32; an ONNX Runtime artifact's precision is its variant, a
+# TensorRT engine's the one it was built with.
+DEVICES = tuple(dict.fromkeys(d for entry in BACKENDS.values() for d in entry.devices))
+PRECISIONS = tuple(dict.fromkeys(p for entry in BACKENDS.values() for values in entry.precisions.values()
+                                 for p in values))
 OVERLONG_POLICIES = ("truncate", "reject")
 
 
@@ -42,10 +46,10 @@ class BatchSettings:
 
 @dataclass(frozen=True)
 class ServeConfig:
-    model_dir: str  # an export artifact (onnxruntime) or a checkpoint / run directory (torch)
+    model_dir: str  # an export artifact, or a checkpoint / run directory (torch: its entry serves checkpoints)
     backend: str = "onnxruntime"
     device: str = "cpu"  # where the backend runs: cpu, or cuda (the first visible NVIDIA GPU)
-    precision: str = "auto"  # torch backend only; see PRECISIONS
+    precision: str = "auto"  # the torch and openvino backends' choice; see PRECISIONS
     cuda_graphs: bool = True  # torch on cuda: replay one captured CUDA graph per (batch, length) shape
     variant: str = "fp32"  # onnxruntime encoder variant: fp32, optimized or int8
     openvino_cache_dir: str | None = None  # OpenVINO's compiled-model cache; None: ~/.cache/bertzoo/openvino
@@ -93,30 +97,21 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+            raise ValueError(f"backend must be one of {tuple(BACKENDS)}, got {self.backend!r}")
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
-        if self.backend == "tensorrt" and self.device != "cuda":
-            raise ValueError("the tensorrt backend runs on a GPU only: add --device cuda")
-        if self.backend == "openvino":
-            if self.device != "cpu":
-                raise ValueError("the openvino backend runs on the CPU: drop --device cuda")
-            if self.precision not in ("auto", "fp32", "bf16"):
-                raise ValueError(f"the openvino backend computes in fp32 or bf16 (auto picks), not {self.precision}")
-        elif self.precision != "auto" and self.backend != "torch":
-            raise ValueError(f"precision is chosen at export for the {self.backend} backend (the artifact's variant "
-                             "or engine); leave it at auto")
-        elif self.precision in ("fp16", "bf16") and self.device == "cpu":
-            raise ValueError(f"precision {self.precision} needs --device cuda; the CPU reference runs fp32")
+        entry = BACKENDS[self.backend]
+        if refusal := entry.device_refusal(self.device) or entry.precision_refusal(self.device, self.precision):
+            raise ValueError(refusal)
         if self.overlong not in OVERLONG_POLICIES:
             raise ValueError(f"overlong must be one of {OVERLONG_POLICIES}, got {self.overlong!r}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("TLS needs both a certificate and its key (tls_cert and tls_key)")
-        if self.verify_key is not None and self.backend == "torch":
-            raise ValueError("verify_key checks an export artifact's signed manifest; the torch backend serves a "
-                             "checkpoint")
+        if self.verify_key is not None and entry.serves != "artifact":
+            raise ValueError(f"verify_key checks an export artifact's signed manifest; the {self.backend} backend "
+                             f"serves a {entry.serves}")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ValueError("tls_client_ca (client certificates) needs TLS: give tls_cert and tls_key too")
         for path in (self.tls_cert, self.tls_key, self.tls_client_ca):
@@ -139,9 +134,9 @@ class ServeConfig:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.instances < 1:
             raise ValueError(f"instances must be >= 1, got {self.instances}")
-        if self.instances > 1 and (self.backend not in ("onnxruntime", "openvino") or self.device != "cpu"):
-            raise ValueError("instances > 1 is for the CPU engines (onnxruntime, openvino); a GPU engine batches on "
-                             "one device")
+        if self.instances > 1 and not (entry.cpu_instances and self.device == "cpu"):
+            several = ", ".join(name for name, e in BACKENDS.items() if e.cpu_instances)
+            raise ValueError(f"instances > 1 is for the CPU engines ({several}); a GPU engine batches on one device")
         if self.shutdown_grace < 0:
             raise ValueError(f"shutdown_grace must be >= 0, got {self.shutdown_grace}")
 
@@ -161,7 +156,7 @@ class ServeConfig:
 
     @property
     def resolved_precision(self) -> str:
-        """The precision the torch backend computes in."""
+        """The precision the torch backend computes in (auto: fp16 on a GPU, fp32 on the CPU)."""
         if self.precision != "auto":
             return self.precision
         return "fp16" if self.device == "cuda" else "fp32"

@@ -17,6 +17,7 @@ import os
 
 from bertzoo.artifact import load_manifest
 
+from .backends import BACKENDS
 from .workers import usable_cores
 
 VARIANT_PREFERENCE = ("int8", "optimized", "fp32")  # fastest first (ONNX Runtime on the CPU)
@@ -40,7 +41,7 @@ def variant(model_dir: str) -> str:
 
 def instances(backend: str, device: str, threads: int | None) -> int:
     """Engine instances for a CPU engine on ``threads`` (None: every usable core); 1 elsewhere."""
-    if device != "cpu" or backend not in ("onnxruntime", "openvino"):
+    if device != "cpu" or not BACKENDS[backend].cpu_instances:
         return 1
     n = threads or cores()
     return max(1, min(MAX_AUTO_INSTANCES, n if n <= 4 else n // 2))

@@ -1,6 +1,6 @@
-"""What the server serves: a backend, its tokenizer, and the facts about the model the rest of the server needs
-(tasks, labels, limits, pooling, length buckets), from an export artifact (ONNX Runtime, torch-free) or a training
-checkpoint (the PyTorch reference backend)."""
+"""What the server serves: a backend (``serving.backends.BACKENDS``), its tokenizer, and the facts about the model the
+rest of the server needs (tasks, labels, limits, pooling, length buckets), from an export artifact (torch-free on ONNX
+Runtime and OpenVINO) or a training checkpoint (the PyTorch reference backend)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from bertzoo.pipeline import Backend
 from bertzoo.tasks import Limits, task_spec
 from bertzoo.tokenization import Tokenizer
 
+from .backends import BACKENDS
 from .config import ServeConfig
 
 log = logging.getLogger("bertzoo.serving")
@@ -79,33 +80,23 @@ def _from_artifact(config: ServeConfig) -> ServedModel:
     labels = {"sentiment": tuple(manifest["labels"]["sentiment"]),
               "paraphrase": tuple(manifest["labels"].get("paraphrase", PARAPHRASE_LABELS))}
     tokenizer = Tokenizer.from_file(directory / manifest["tokenizer"])
-    if config.backend == "tensorrt":
-        variant, precision = "tensorrt_fp16", "fp16"
-        backend = create_backend("tensorrt", directory, variant=variant, threads=config.engine_threads, manifest=manifest)
-    elif config.backend == "openvino":
-        backend = create_backend("openvino", directory, precision=config.precision, threads=config.engine_threads,
-                                 manifest=manifest, cache_dir=config.openvino_cache_dir)
-        variant, precision = f"openvino_{backend.precision}", backend.precision
-        from .parity_gate import check_engine
+    entry = BACKENDS[config.backend]
+    options = {"variant": config.variant, "precision": config.precision, "threads": config.engine_threads,
+               "device": config.device, "manifest": manifest, "spinning": config.ort_spinning,
+               "cache_dir": config.openvino_cache_dir}
+    backend = create_backend(config.backend, directory, **options)
+    variant, precision = backend.variant, backend.precision  # what the encoder is and computes in
+    if describe := getattr(backend, "describe", None):
+        log.info("%s", describe())
+    if entry.startup_gate:
+        from .startup_gate import check_backend
 
-        check_engine(backend, "openvino", precision, directory, manifest, tokenizer, limits, config.engine_threads)
-        log.info("openvino %s: inference precision %s (%s), model cache %s", backend.version, precision,
-                 "asked for" if config.precision != "auto" else "auto: " + (
-                     "the CPU computes bf16 natively" if precision == "bf16" else "no native bf16 on this CPU"),
-                 backend.cache_dir or "off")
-    else:
-        variant, precision = config.variant, "int8" if config.variant == "int8" else "fp32"
-        backend = create_backend("onnxruntime", directory, variant=config.variant, threads=config.engine_threads,
-                                 device=config.device, manifest=manifest, spinning=config.ort_spinning)
+        check_backend(backend, config.backend, precision, directory, manifest, tokenizer, limits, config.engine_threads)
     spare = None
-    if config.backend == "onnxruntime" and config.device == "cpu":
-        def spare() -> Backend:  # the files were hash-checked above; spinning off: this lane only takes idle time
-            return create_backend("onnxruntime", directory, variant=config.variant, threads=config.engine_threads,
-                                  manifest=manifest)
-    elif config.backend == "openvino":
-        def spare() -> Backend:  # compiled from the cache the main engine just filled
-            return create_backend("openvino", directory, precision=precision, threads=config.engine_threads,
-                                  manifest=manifest, cache_dir=config.openvino_cache_dir)
+    if entry.cpu_instances and config.device == "cpu":
+        def spare() -> Backend:  # the files were hash-checked above; spinning off: this lane only takes idle time.
+            # A backend with a model cache (OpenVINO) compiles from the cache the main one just filled.
+            return create_backend(config.backend, directory, **{**options, "spinning": False})
     spec = ModelSpec(
         tasks=tuple(model["tasks"]), labels=labels, limits=limits, pooling=model["pooling"],
         qa_null_threshold=float(model.get("qa_null_threshold", 0.0)),
@@ -125,13 +116,13 @@ def _from_checkpoint(config: ServeConfig) -> ServedModel:
 
     from .backends import check_available, create_backend
 
-    check_available("torch", config.device)
+    check_available(config.backend, config.device)
     if config.threads:
         torch.set_num_threads(config.threads)
     model, saved, directory = load_model(config.model_dir)
     device = torch.device("cuda" if config.device == "cuda" else "cpu")
     precision = config.resolved_precision
-    backend = create_backend("torch", model.to(device).eval(), device=device, precision=precision,
+    backend = create_backend(config.backend, model.to(device).eval(), device=device, precision=precision,
                              cuda_graphs=config.device == "cuda" and config.cuda_graphs)
     train_config = TrainConfig.from_dict(saved["train"])
     limits = train_config.limits
@@ -141,14 +132,15 @@ def _from_checkpoint(config: ServeConfig) -> ServedModel:
                 "paraphrase": PARAPHRASE_LABELS},
         qa_null_threshold=float(model.config.qa_null_threshold),
         length_buckets=_buckets(DEFAULT_LENGTH_BUCKETS, limits), hidden_size=model.config.encoder.hidden_size,
-        backend="torch", variant="checkpoint", device=config.device, precision=precision,
+        backend=config.backend, variant="checkpoint", device=config.device, precision=precision,
     )
     return ServedModel(spec, Tokenizer.from_file(directory / TOKENIZER), backend)
 
 
 def load_served_model(config: ServeConfig) -> ServedModel:
     """Load (and hash-check, for an artifact) the model ``config`` names. Slow: call it off the event loop."""
-    served = _from_checkpoint(config) if config.backend == "torch" else _from_artifact(config)
+    checkpoint = BACKENDS[config.backend].serves == "checkpoint"
+    served = _from_checkpoint(config) if checkpoint else _from_artifact(config)
     spec = served.spec
     log.info("loaded %s: backend %s (%s), device %s, precision %s; tasks %s, buckets %s", config.model_dir,
              spec.backend, spec.variant, spec.device, spec.precision, ",".join(spec.tasks), spec.length_buckets)
@@ -184,9 +176,7 @@ def release_freed_memory() -> None:
 def runtime_versions(backend: str) -> dict[str, str]:
     """The versions this server process runs with (reported by ModelInfo)."""
     packages = ["bertzoo", "grpcio", "protobuf", "numpy", "tokenizers"]
-    packages += {"onnxruntime": ["onnxruntime", "onnxruntime-gpu"], "torch": ["torch"],
-                 "tensorrt": ["tensorrt", "onnxruntime", "onnxruntime-gpu"],
-                 "openvino": ["openvino", "onnxruntime"]}[backend]
+    packages += BACKENDS[backend].packages
     versions = {"python": platform.python_version()}
     for name in packages:
         try:

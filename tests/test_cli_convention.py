@@ -38,7 +38,7 @@ def test_python_dash_m_runs_every_sub_command():
 def test_the_repository_root_imports_the_installed_package():
     # The core's source folder is core/, so nothing in the checkout's root shadows the installed bertzoo (whose
     # bertzoo.serving carries the gRPC stubs generated at install time).
-    code = "import bertzoo.serving.proto, bertzoo.trainer.model, bertzoo.export.parity"
+    code = "import bertzoo.serving.proto, bertzoo.trainer.model, bertzoo.export.gates"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode == 0, result.stderr
 

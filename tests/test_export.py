@@ -272,13 +272,13 @@ ONE_ENCODER = ("what this checks does not depend on the encoder's attention (two
 
 
 def test_a_missed_parity_gate_fails_the_export_and_leaves_nothing(exported, monkeypatch, tmp_path):
-    from bertzoo.export import parity
+    from bertzoo.export import gates
 
     attention, run, _ = exported
     if attention != "softmax":
         pytest.skip(ONE_ENCODER)
-    real_fp32 = parity.BOUNDS["fp32"]
-    monkeypatch.setitem(parity.BOUNDS, "fp32", parity.Bounds(tensor_max_abs=0.0, same_class=1.0, pearson_delta=0.0,
+    real_fp32 = gates.BOUNDS["fp32"]
+    monkeypatch.setitem(gates.BOUNDS, "fp32", gates.Bounds(tensor_max_abs=0.0, same_class=1.0, pearson_delta=0.0,
                                                             f1_delta=0.0))
     out = tmp_path / "art"
     with pytest.raises(ExportError, match="fp32 parity failed: encoder max abs diff.*a bug in bertzoo"):
@@ -289,8 +289,8 @@ def test_a_missed_parity_gate_fails_the_export_and_leaves_nothing(exported, monk
     assert [p.name for p in tmp_path.iterdir()] == ["art.parity-failed.json"]  # no half-written directory left
 
     # A variant the user asked for says which option to drop.
-    monkeypatch.setitem(parity.BOUNDS, "fp32", real_fp32)
-    monkeypatch.setitem(parity.BOUNDS, "int8", parity.Bounds(tensor_max_abs=0.0, same_class=1.0, pearson_delta=0.0,
+    monkeypatch.setitem(gates.BOUNDS, "fp32", real_fp32)
+    monkeypatch.setitem(gates.BOUNDS, "int8", gates.Bounds(tensor_max_abs=0.0, same_class=1.0, pearson_delta=0.0,
                                                             f1_delta=0.0))
     with pytest.raises(ExportError, match="int8 parity failed.*export without --int8; nothing was written to"):
         export_checkpoint(run, out, ExportOptions(int8=True, parity_limit=8))
@@ -302,7 +302,7 @@ def test_a_missed_parity_gate_fails_the_export_and_leaves_nothing(exported, monk
 
 
 def test_the_class_agreement_gate_fails_only_on_evidence_of_a_lower_rate():
-    from bertzoo.export.parity import wilson_interval
+    from bertzoo.export.gates import wilson_interval
 
     # The bundled samples' int8 case: 75 of 80 is 93.75%, and consistent with a 95% rate.
     low, high = wilson_interval(75, 80)
@@ -333,7 +333,7 @@ def test_int8_minilm_stays_within_its_accuracy_bounds_on_real_dev_examples(tmp_p
     """The real MiniLM encoder, quantized, on the bundled STS dev rows (real sentence pairs). The cosine similarity
     head has no trained weights, so the pretrained embedding model is already a meaningful STS model here, and the
     Pearson change measures what int8 costs. (Class agreement needs a trained head's margins: see RESULTS.md.)"""
-    from bertzoo.export import parity
+    from bertzoo.export import gates
     from bertzoo.trainer.config import TrainConfig
 
     config = TrainConfig(out_dir=str(tmp_path / "run"), tasks=("similarity",), limit_per_task=8, batch_size=4,
@@ -341,9 +341,9 @@ def test_int8_minilm_stays_within_its_accuracy_bounds_on_real_dev_examples(tmp_p
     train(config)
     manifest = export_checkpoint(tmp_path / "run", tmp_path / "artifact", ExportOptions(int8=True, parity_limit=60))
     report = manifest["parity"]["int8"]
-    assert report["passed"] and report["bounds"] == parity.BOUNDS["int8"].__dict__
+    assert report["passed"] and report["bounds"] == gates.BOUNDS["int8"].__dict__
     similarity = report["tasks"]["similarity"]
     assert similarity["n"] == 60 and similarity["pearson_reference"] > 0.5  # a real model, not noise
-    assert similarity["pearson_delta"] <= parity.BOUNDS["int8"].pearson_delta
+    assert similarity["pearson_delta"] <= gates.BOUNDS["int8"].pearson_delta
     assert 1e-4 < report["tensor_max_abs"]["encoder"] < 1.0  # int8 really changed the encoder
     assert manifest["parity"]["fp32"]["tensor_max_abs"]["encoder"] < 1e-3

@@ -74,14 +74,14 @@ def test_an_engine_that_misses_the_parity_bounds_never_serves(tiny_artifact, mon
     """The start-up gate measures OpenVINO against the artifact's fp32 ONNX Runtime engine: with an encoder bound no
     engine can meet, loading stops with the measure that missed it."""
     pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install 'bertzoo[openvino]')")
-    from bertzoo import parity
+    from bertzoo import parity_measures
     from bertzoo.serving.model import load_served_model
-    from bertzoo.serving.parity_gate import EngineParityError
+    from bertzoo.serving.startup_gate import BackendParityError
 
     _, artifact = tiny_artifact
-    strict = parity.Bounds(tensor_max_abs=0.0, same_class=0.5, pearson_delta=1.0, f1_delta=100.0)
-    monkeypatch.setitem(parity.BOUNDS, "fp32", strict)
-    with pytest.raises(EngineParityError, match=r"openvino fp32 does not reproduce .*encoder max abs diff"):
+    strict = parity_measures.Bounds(tensor_max_abs=0.0, same_class=0.5, pearson_delta=1.0, f1_delta=100.0)
+    monkeypatch.setitem(parity_measures.BOUNDS, "fp32", strict)
+    with pytest.raises(BackendParityError, match=r"openvino fp32 does not reproduce .*encoder max abs diff"):
         load_served_model(serve_config(artifact, backend="openvino", precision="fp32"))
 
 

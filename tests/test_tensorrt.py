@@ -31,7 +31,7 @@ KERNEL_CHECK = textwrap.dedent("""
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
     import torch
-    from bertzoo.export.sparsegen_triton import sparsegen_lin_triton
+    from bertzoo.export.sparsegen_gpu_kernel import sparsegen_lin_triton
     from bertzoo.trainer.sparsegen import sparsegen_lin
 
     def check(name, scores, mask, lam, atol=1e-5):

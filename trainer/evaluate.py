@@ -1,8 +1,8 @@
 """Running a PyTorch model over examples: predictions and official metrics per task.
 
 The inference path itself (batching, pre- and post-processing) is ``bertzoo.pipeline``, shared with the export's
-parity checks and the server; the model runs on the PyTorch engine of ``bertzoo.serving.backends`` (TorchBackend, also
-importable from here).
+parity checks and the server; the model runs on the PyTorch backend, ``create_backend("torch", ...)`` of the backend
+table in ``bertzoo.serving.backends``.
 """
 
 from __future__ import annotations

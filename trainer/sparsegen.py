@@ -14,7 +14,7 @@ Two ways to find the threshold, both exact:
 The backward pass is the closed form shared by both (Martins & Astudillo 2016): on the support S,
 ``dz = (g - mean_S(g)) / (1 - lam)``, and zero elsewhere. It needs only ``p`` from the forward pass.
 
-Where each runs: ``bisect`` on CUDA is a Triton program per row (export/sparsegen_triton.py), and on the CPU, for
+Where each runs: ``bisect`` on CUDA is a Triton program per row (export/sparsegen_gpu_kernel.py), and on the CPU, for
 float32 scores with the encoder's key mask, one native pass per row for the forward and one for the backward
 (trainer/sparsegen_cpu.cc via sparsegen_native.py); everything else runs the eager code below.
 
@@ -99,17 +99,17 @@ def _sparsegen_lin_eager(scores: Tensor, mask: Tensor | None, lam: float, impl: 
 
 @_sparsegen_lin_op.register_kernel("cuda")
 def _(scores: Tensor, mask: Tensor | None, lam: float, impl: str) -> Tensor:
-    # On a GPU the bisect threshold runs as one Triton program per row (export/sparsegen_triton.py, the same steps as
+    # On a GPU the bisect threshold runs as one Triton program per row (export/sparsegen_gpu_kernel.py, the same steps as
     # _threshold_bisect) instead of ~60 eager kernels over the whole score tensor. float64 (gradcheck), rows longer
     # than the kernel's register block and machines without triton stay on the eager code; so does `sort`, the
     # textbook oracle.
     if impl == "bisect" and scores.dtype != torch.float64:
         try:
-            from bertzoo.export import sparsegen_triton
+            from bertzoo.export import sparsegen_gpu_kernel
         except ImportError:
-            sparsegen_triton = None
-        if sparsegen_triton is not None and 0 < scores.shape[-1] <= sparsegen_triton.MAX_KEYS:
-            return sparsegen_triton.sparsegen_lin_triton(scores, mask, lam)
+            sparsegen_gpu_kernel = None
+        if sparsegen_gpu_kernel is not None and 0 < scores.shape[-1] <= sparsegen_gpu_kernel.MAX_KEYS:
+            return sparsegen_gpu_kernel.sparsegen_lin_triton(scores, mask, lam)
     return _sparsegen_lin_eager(scores, mask, lam, impl)
 
 

@@ -1,5 +1,6 @@
-"""What every engine shares: the encoder's input and output names, the CPU's instruction-set flags, and the error that
-says an engine cannot run here and what to install."""
+"""What every backend shares: the encoder's input and output names, how a padded batch becomes the encoder's feed
+(packed where the graph takes packed tokens), and the error that says a backend cannot run here and what to install.
+(The CPU's instruction-set flags are ``bertzoo.cpu``'s.)"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""The OpenVINO engine (CPU): the artifact's fp32 ONNX encoder compiled by OpenVINO at an inference precision of
+"""The OpenVINO backend (CPU): the artifact's fp32 ONNX encoder compiled by OpenVINO at an inference precision of
 fp32 or bf16, with OpenVINO's model cache so a restart does not compile again; the heads on ONNX Runtime (small, and
-float32 on every engine). openvino is imported when an engine is made (``pip install 'bertzoo[openvino]'``)."""
+float32 on every backend). openvino is imported when one is made (:func:`create`, its entry in
+``serving.backends.BACKENDS``; ``pip install 'bertzoo[openvino]'``). Since it compiles the artifact itself, the server
+gates it against the artifact's fp32 ONNX Runtime encoder before it reports ready (``serving/startup_gate.py``)."""
 
 from __future__ import annotations
 
@@ -60,7 +62,9 @@ class OpenVinoBackend:
             raise BackendUnavailable(f"the openvino backend needs OpenVINO ({e}): {INSTALL_HINT}") from e
         directory = Path(directory)
         self.manifest = manifest if manifest is not None else load_manifest(directory)
+        self.asked_precision = precision
         self.precision = resolve_precision(precision)
+        self.variant = f"openvino_{self.precision}"
         core = ov.Core()
         self.cache_dir = _usable_cache_dir(cache_dir)
         if self.cache_dir is not None:
@@ -78,6 +82,13 @@ class OpenVinoBackend:
         self._heads = OnnxRuntimeBackend(directory, threads=threads, manifest=self.manifest, encoder=False)
         self.tasks = self._heads.tasks
         self.version = ov.__version__
+
+    def describe(self) -> str:
+        """One line for the server's log: version, inference precision and why, model cache."""
+        why = "asked for" if self.asked_precision != "auto" else "auto: " + (
+            "the CPU computes bf16 natively" if self.precision == "bf16" else "no native bf16 on this CPU")
+        return (f"openvino {self.version}: inference precision {self.precision} ({why}), model cache "
+                f"{self.cache_dir or 'off'}")
 
     def encode(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         self._request.infer(encoder_feed(batch, self._inputs))
@@ -115,3 +126,9 @@ def _usable_cache_dir(cache_dir: str | Path | None) -> Path | None:
         log.warning("OpenVINO model cache off: %s is not writable (%s); set --openvino-cache-dir", path, e)
         return None
     return path
+
+
+def create(source: str | Path, *, precision: str = "auto", threads: int | None = None, manifest: dict | None = None,
+           cache_dir: str | Path | None = None, **_) -> OpenVinoBackend:
+    """The backend's factory in the registry."""
+    return OpenVinoBackend(source, precision, threads=threads, manifest=manifest, cache_dir=cache_dir)

@@ -1,7 +1,7 @@
-"""The ONNX Runtime engine: the artifact's encoder (a variant: fp32, optimized, int8) and head graphs, each an ORT
+"""The ONNX Runtime backend: the artifact's encoder (a variant: fp32, optimized, int8) and head graphs, each an ORT
 session, on the CPU or (``device="cuda"``, with the onnxruntime-gpu package) the CUDA execution provider, where the
-encoder's states stay on the GPU between encoder and heads. Torch-free; onnxruntime is imported when an engine is
-made."""
+encoder's states stay on the GPU between encoder and heads. Torch-free; onnxruntime is imported when one is made
+(:func:`create`, its entry in ``serving.backends.BACKENDS``)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from bertzoo.artifact import ArtifactError, load_manifest
 from .base import BackendUnavailable, encoder_feed, rows_mask
 
 VARIANTS = ("fp32", "optimized", "int8")
+INSTALL_HINT = "pip install 'bertzoo[serve]', or 'bertzoo[serve-gpu]' for --device cuda"
 
 
 def session_options(threads: int | None = None, spinning: bool = False):
@@ -157,6 +158,7 @@ class OnnxRuntimeBackend:
             raise ArtifactError(f"{directory}: no {variant!r} encoder in this artifact (it has {sorted(encoders)}); "
                                 "export with --optimize / --int8 to add one")
         self.variant = variant
+        self.precision = "int8" if variant == "int8" else "fp32"  # what the encoder computes in
         options = session_options(threads, spinning)
         providers = ort_providers(device)
         self.device = device
@@ -225,3 +227,16 @@ class OnnxRuntimeBackend:
             binding.bind_output(output.name)  # the heads' outputs are small: to the host
         session.run_with_iobinding(binding)
         return tuple(binding.copy_outputs_to_cpu())
+
+
+def create(source: str | Path, *, variant: str = "fp32", threads: int | None = None, device: str | None = None,
+           manifest: dict | None = None, spinning: bool = False, resident_states: bool | None = None,
+           sparsegen: str = "auto", **_) -> OnnxRuntimeBackend:
+    """The backend's factory in the registry (``serving.backends.create_backend`` passes every option)."""
+    return OnnxRuntimeBackend(source, variant, threads=threads, device=device or "cpu", manifest=manifest,
+                              spinning=spinning, resident_states=resident_states, sparsegen=sparsegen)
+
+
+def check(device: str) -> None:
+    """What must hold on ``device`` besides the import: on cuda, the CUDA execution provider."""
+    ort_providers(device)

@@ -1,6 +1,6 @@
-"""The PyTorch engine: the reference model (trainer/) in fp32, or its encoder in fp16 / bf16, on the CPU or a CUDA GPU,
-optionally replayed as CUDA graphs. torch is imported when an engine is made, so the torch-free install imports this
-module too."""
+"""The PyTorch backend: the reference model (trainer/) in fp32, or its encoder in fp16 / bf16, on the CPU or a CUDA GPU,
+optionally replayed as CUDA graphs. torch is imported when one is made (:func:`create`, its entry in
+``serving.backends.BACKENDS``), so the torch-free install imports this module too."""
 
 from __future__ import annotations
 
@@ -8,12 +8,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .base import BackendUnavailable
+
 if TYPE_CHECKING:
     import torch
 
     from bertzoo.trainer.heads import MultitaskModel
 
 PRECISIONS = ("fp32", "fp16", "bf16")
+INSTALL_HINT = ("pip install 'bertzoo[train]', or serve an export artifact with the onnxruntime backend, which needs no "
+                "torch")
 
 
 class TorchBackend:
@@ -66,3 +70,22 @@ class TorchBackend:
             # By name: the heads' forward parameters are the graph input names (states, mask, states_a, ...).
             out = self.model.heads[task](**{k: self._tensor(v) for k, v in inputs.items()})
         return tuple(o.float().cpu().numpy() for o in (out if isinstance(out, tuple) else (out,)))
+
+
+def create(source: MultitaskModel, *, device: str | torch.device | None = None, precision: str = "fp32",
+           cuda_graphs: bool = False, **_) -> TorchBackend:
+    """The backend's factory in the registry: ``source`` is the model itself; ``device`` None: where the model is."""
+    if isinstance(device, str):  # "cpu", "cuda"
+        import torch
+
+        device = torch.device(device)
+    return TorchBackend(source, device, precision=precision, cuda_graphs=cuda_graphs)
+
+
+def check(device: str) -> None:
+    """On cuda, a torch that sees a GPU (torch itself is checked by the registry's import of it)."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BackendUnavailable(f"--device cuda: torch {torch.__version__} sees no CUDA GPU; install a CUDA build of "
+                                 "torch on a machine with an NVIDIA driver")

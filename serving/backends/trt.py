@@ -1,6 +1,7 @@
-"""The TensorRT engine: the artifact's TensorRT encoder engine (``bertzoo export --trt``, with the SparsegenLin plugin)
-and the heads on ONNX Runtime. tensorrt and torch (its CUDA streams and pinned buffers) are imported when an engine is
-made; the engine builder and the plugin are export/tensorrt.py's."""
+"""The TensorRT backend: the artifact's TensorRT encoder engine (``bertzoo export --trt``, with the SparsegenLin plugin)
+and the heads on ONNX Runtime. tensorrt and torch (its CUDA streams and pinned buffers) are imported when one is made
+(:func:`create`, its entry in ``serving.backends.BACKENDS``); the engine builder and the plugin are
+export/tensorrt.py's."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bertzoo.artifact import ArtifactError
+from bertzoo.artifact import ArtifactError, load_manifest
 
 from .base import ENCODER_INPUTS as INPUTS
 from .base import ENCODER_OUTPUT as OUTPUT
@@ -109,9 +110,11 @@ class TensorRTWithOrtHeads:
     """The artifact's TensorRT encoder engine (``export/tensorrt.py``) with the heads on ONNX Runtime, which are small
     and stay float32 (on the same GPU where onnxruntime-gpu is installed, else on the CPU)."""
 
-    def __init__(self, encoder, heads: OnnxRuntimeBackend) -> None:
+    def __init__(self, encoder, heads: OnnxRuntimeBackend, variant: str = "tensorrt_fp16") -> None:
         self._encoder, self._heads = encoder, heads
         self.tasks = heads.tasks
+        self.variant = variant  # the artifact's engine
+        self.precision = variant.removeprefix("tensorrt_")  # what the engine was built to compute in
 
     @classmethod
     def from_artifact(cls, directory: str | Path, manifest: dict, variant: str = "tensorrt_fp16",
@@ -130,10 +133,32 @@ class TensorRTWithOrtHeads:
             heads = OnnxRuntimeBackend(directory, threads=threads, device="cuda", manifest=manifest, encoder=False)
         except BackendUnavailable:
             heads = OnnxRuntimeBackend(directory, threads=threads, device="cpu", manifest=manifest, encoder=False)
-        return cls(encoder, heads)
+        return cls(encoder, heads, variant)
 
     def encode(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         return self._encoder.encode(batch)
 
     def head(self, task: str, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
         return self._heads.head(task, inputs)
+
+
+def create(source: str | Path, *, variant: str = "fp32", threads: int | None = None, manifest: dict | None = None,
+           **_) -> TensorRTWithOrtHeads:
+    """The backend's factory in the registry. ``variant``: the artifact's engine; fp32 (serve's default) means its
+    one engine, tensorrt_fp16."""
+    manifest = manifest if manifest is not None else load_manifest(Path(source))
+    return TensorRTWithOrtHeads.from_artifact(source, manifest, "tensorrt_fp16" if variant == "fp32" else variant,
+                                              threads=threads)
+
+
+def check(device: str) -> None:
+    """A torch that sees the GPU (for the engine's streams and buffers) and a usable tensorrt."""
+    from bertzoo.export.tensorrt import TensorRTUnavailable, require_tensorrt
+
+    from .pytorch import check as torch_check
+
+    torch_check(device)
+    try:
+        require_tensorrt()
+    except TensorRTUnavailable as e:
+        raise BackendUnavailable(str(e)) from e

@@ -1,13 +1,13 @@
-"""Parity gates: an exported variant goes into the artifact only if it reproduces the PyTorch model.
+"""The export's parity gates: an exported variant goes into the artifact only if it reproduces the PyTorch model.
 
-Two levels, each with bounds stated per precision (``bertzoo.parity.BOUNDS``, where the measures live):
+Two levels, each with bounds stated per precision (``bertzoo.parity_measures.BOUNDS``, where the measures live):
 - tensor: encoder states (real, non-padding positions) and every head's outputs on inputs of several shapes, max abs
   difference against PyTorch;
 - task: on real dev examples, through the same ``bertzoo.pipeline`` the server uses: the share of sentiment and
   paraphrase items with the same predicted class, the change in STS Pearson and in QA F1.
 
 A class-agreement bound holds unless the sample shows, at 95% one-sided confidence, that the rate is under it (see
-``bertzoo.parity``). The report (measured values next to their bounds) goes into the manifest; a missed bound fails
+``bertzoo.parity_measures``). The report (measured values next to their bounds) goes into the manifest; a missed bound fails
 the export.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from bertzoo import pipeline
 from bertzoo import tasks as T
-from bertzoo.parity import (  # noqa: F401  (re-exported: the export's gates and their tests read them here)
+from bertzoo.parity_measures import (  # noqa: F401  (re-exported: the export's gates and their tests read them here)
     BOUNDS,
     TENSOR_SHAPES,
     Bounds,

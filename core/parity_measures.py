@@ -1,7 +1,7 @@
 """Parity measures, torch-free: how far one engine's outputs are from a reference engine's, on tensors and on real
 dev examples, and the bounds per precision an engine must meet (``BOUNDS``).
 
-``bertzoo export`` gates every exported variant against the PyTorch model with them (export/parity.py); ``bertzoo
+``bertzoo export`` gates every exported variant against the PyTorch model with them (export/gates.py); ``bertzoo
 serve`` gates an engine that compiles the artifact itself (OpenVINO) against the artifact's own fp32 ONNX Runtime
 engine before it reports ready.
 

@@ -1,8 +1,9 @@
-"""The gate an engine that compiles the artifact itself (OpenVINO) passes before the server reports ready: measured
-against the artifact's fp32 ONNX Runtime engine (the graph the export gated against PyTorch) with the export's own
-measures and bounds per precision (``bertzoo.parity``): encoder states and head outputs on inputs of several shapes,
-and, on the bundled dev samples (real dev rows), the share of sentiment and paraphrase items with the same class and
-the change in STS Pearson and QA F1. A missed bound stops the server, naming what moved by how much."""
+"""The start-up gate a backend that compiles the artifact itself (OpenVINO; ``startup_gate`` in its entry of
+``serving.backends.BACKENDS``) passes before the server reports ready: measured against the artifact's fp32 ONNX
+Runtime encoder (the graph the export gated against PyTorch) with the export's own measures and bounds per precision
+(``bertzoo.parity_measures``): encoder states and head outputs on inputs of several shapes, and, on the bundled dev
+samples (real dev rows), the share of sentiment and paraphrase items with the same class and the change in STS
+Pearson and QA F1. A missed bound stops the server, naming what moved by how much."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 from pathlib import Path
 
 from bertzoo.datafiles import load_split, samples_dir
-from bertzoo.parity import BOUNDS, missed_bounds, task_parity, tensor_parity
+from bertzoo.parity_measures import BOUNDS, missed_bounds, task_parity, tensor_parity
 from bertzoo.pipeline import Backend
 from bertzoo.tasks import Limits
 from bertzoo.tokenization import Tokenizer
@@ -20,16 +21,16 @@ from .backends import BackendUnavailable, create_backend
 
 log = logging.getLogger("bertzoo.serving")
 
-ITEMS_PER_TASK = 128  # of the bundled dev samples: a few seconds per engine on 2 cores
+ITEMS_PER_TASK = 128  # of the bundled dev samples: a few seconds per backend on 2 cores
 
 
-class EngineParityError(BackendUnavailable):
-    """The engine's outputs are too far from the artifact's reference: it must not serve."""
+class BackendParityError(BackendUnavailable):
+    """The backend's outputs are too far from the artifact's reference: it must not serve."""
 
 
-def check_engine(candidate: Backend, name: str, precision: str, directory: str | Path, manifest: dict,
+def check_backend(candidate: Backend, name: str, precision: str, directory: str | Path, manifest: dict,
                  tokenizer: Tokenizer, limits: Limits, threads: int | None = None) -> dict:
-    """The report (measures next to bounds); raises EngineParityError where a bound is missed."""
+    """The report (measures next to bounds); raises BackendParityError where a bound is missed."""
     started = time.perf_counter()
     reference = create_backend("onnxruntime", directory, variant="fp32", threads=threads, manifest=manifest)
     tasks = list(manifest["model"]["tasks"])
@@ -42,7 +43,7 @@ def check_engine(candidate: Backend, name: str, precision: str, directory: str |
     report = {"engine": name, "precision": precision, "reference": "onnxruntime fp32", "bounds": bounds.__dict__,
               "tensor_max_abs": tensors, "tasks": per_task, "passed": not failures, "failures": failures}
     if failures:
-        raise EngineParityError(f"{name} {precision} does not reproduce the artifact's fp32 ONNX Runtime engine: "
+        raise BackendParityError(f"{name} {precision} does not reproduce the artifact's fp32 ONNX Runtime engine: "
                                 + "; ".join(failures) + "; serve it with --backend onnxruntime or another precision")
     summary = ", ".join(f"{task} {_measure(r)}" for task, r in per_task.items())
     log.info("%s %s parity against onnxruntime fp32 passed in %.1f s: encoder states max abs %.1e (bound %.0e); %s",
