@@ -205,8 +205,11 @@ async def serve(config: ServeConfig, loader: ModelLoader = load_served_model, se
     """Run a server (default: one that loads the model in this process) until one of ``stop_signals``, then drain
     it (``bertzoo serve``). The signal handlers are removed again when it returns."""
     loop = asyncio.get_running_loop()
-    log.info("%s: %s; event loop: %s", "effective config" if server is None else "front end config",
-             json.dumps(config.for_log(), sort_keys=True), type(loop).__module__.split(".")[0])
+    event_loop = type(loop).__module__.split(".")[0]
+    if server is None:
+        log.info("effective config: %s; event loop: %s", json.dumps(config.for_log(), sort_keys=True), event_loop)
+    else:  # a front end, whose parent logged the config
+        log.info("front end on port %d; event loop: %s", config.port, event_loop)
     stop_requested = asyncio.Event()
     for sig in stop_signals:
         loop.add_signal_handler(sig, stop_requested.set)

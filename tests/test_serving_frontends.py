@@ -138,7 +138,8 @@ def test_frontends_answer_as_one_process_does_with_one_metrics_view(tiny_artifac
         assert server.stop() == 0
     run_dir = server.run_dir()
     out = server.output
-    assert "front end config" in out and "engine ready" in out and out.count("ready: health SERVING") == 2
+    assert out.count("effective config") == 1 and out.count("front end on port") == 2
+    assert "engine ready" in out and out.count("ready: health SERVING") == 2
     # Every front end turned SERVING only after the engine had warmed up.
     assert out.index("warmed up") < out.index("engine ready") < out.index("ready: health SERVING")
     assert not run_dir.exists()  # the engine's socket and the metrics files went with it
