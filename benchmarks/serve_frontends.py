@@ -10,8 +10,10 @@
    connections, and the CPU seconds per request of the front ends, the engine and the parent (by process name), and
    of the load generator.
 2. With --artifact (a real model's `bertzoo export --int8` output): each of --variants under the same load, against
-   its in-process ceiling (serve_speed.in_process_ceiling), served with the default engine flags and with
-   --instances 2, at each N.
+   its in-process ceiling (serve_speed.in_process_ceiling), with one and two engine instances, at each N.
+3. With --artifact and --defaults: Embed, `bertzoo serve ARTIFACT` with no engine flags (what `auto` picks here)
+   against the old defaults (ONNX Runtime fp32, one instance, one process) and, with --infinity, the peer
+   infinity-emb at each of its CPU engines under the same h2load load (serve_h2load.infinity_h2load_rows).
 
 Every answer is checked OK on the server's own counters (serve_h2load.serve_once's rule).
 """
@@ -27,12 +29,15 @@ import time
 from pathlib import Path
 
 from processes import free_port, start_bertzoo, stat_cpu_seconds, stop
-from serve_h2load import grpc_bodies, h2load, ok_answers, quantile_sentences
+from serve_h2load import RPC, grpc_bodies, h2load, infinity_h2load_rows, ok_answers, quantile_sentences
 from serve_speed import VARIANTS, in_process_ceiling
 from timing import machine
 
 from bertzoo.serving.load import load_items
 
+# Part 3's servers: what `bertzoo serve ARTIFACT` ran before its defaults followed the machine, and what it runs now.
+DEFAULTS = {"old defaults": ["--backend", "onnxruntime", "--variant", "fp32", "--instances", "1", "--frontends", "1"],
+            "new defaults (auto)": []}
 PROBE_ENCODER = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
                  "max_position_embeddings": 512}
 
@@ -73,16 +78,17 @@ def cpu_by_role(pid: int) -> dict[str, float]:
     return roles
 
 
-def served(artifact: str, flags: list[str], sentences: list[str], args: argparse.Namespace, workdir: Path) -> dict:
+def served(artifact: str, flags: list[str], sentences: list[str], args: argparse.Namespace, workdir: Path,
+           task: str = "sentiment") -> dict:
     """A fresh server with ``flags`` under h2load: requests/s, CPU per request by role, every answer OK."""
     port, metrics_port = free_port(), free_port()
     process = start_bertzoo(artifact, port, *flags, metrics_port=metrics_port)
     try:
         time.sleep(1.0)  # every front end has turned SERVING (start_bertzoo returns at the first answer)
-        before, cpu0, t0 = ok_answers(metrics_port, "sentiment"), cpu_by_role(process.pid), time.perf_counter()
-        summary = h2load(f"http://127.0.0.1:{port}/bertzoo.v1.Bertzoo/Sentiment", grpc_bodies("sentiment", sentences),
+        before, cpu0, t0 = ok_answers(metrics_port, task), cpu_by_role(process.pid), time.perf_counter()
+        summary = h2load(f"http://127.0.0.1:{port}/bertzoo.v1.Bertzoo/{RPC[task][0]}", grpc_bodies(task, sentences),
                          ["content-type: application/grpc", "te: trailers"], args.concurrency, args.seconds, workdir)
-        wall, cpu1, after = time.perf_counter() - t0, cpu_by_role(process.pid), ok_answers(metrics_port, "sentiment")
+        wall, cpu1, after = time.perf_counter() - t0, cpu_by_role(process.pid), ok_answers(metrics_port, task)
     finally:
         stop(process)
     codes = {c: after.get(c, 0) - before.get(c, 0) for c in after}
@@ -116,13 +122,18 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2, help="the in-process ceiling's threads (the machine's cores)")
+    parser.add_argument("--skip-variants", action="store_true", help="leave out part 2")
+    parser.add_argument("--defaults", action="store_true", help="part 3: the defaults, old and new")
+    parser.add_argument("--infinity", default=None, metavar="VENV", help="part 3 against infinity-emb from this venv "
+                        "(benchmarks/peers/infinity_setup.sh)")
+    parser.add_argument("--infinity-models", default=None, metavar="MODELS")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if shutil.which("h2load") is None:
         sys.exit("h2load not found: apt-get install nghttp2-client")
     probe = str(build_probe(args.probe))
     texts = load_items("sentiment", args.data)
-    results: dict = {"machine": machine(), "probe": [], "variants": []}
+    results: dict = {"machine": machine(), "probe": [], "variants": [], "defaults": {}}
     print(json.dumps(results["machine"]), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         sentences = quantile_sentences(probe, texts, args.groups)
@@ -131,7 +142,7 @@ def main() -> None:
                 row = served(probe, ["--frontends", str(n), "--threads", "1"], sentences, args, Path(tmp))
                 results["probe"].append({"round": round_, "frontends": n, **row})
                 print(line(f"probe, frontends {n} (round {round_ + 1})", row), flush=True)
-        if args.artifact:
+        if args.artifact and not args.skip_variants:
             sentences = quantile_sentences(args.artifact, texts, args.groups)
             repeated = sentences * (1100 // len(sentences))
             for variant in args.variants:
@@ -145,6 +156,14 @@ def main() -> None:
                         results["variants"].append({"variant": variant, "instances": instances, "frontends": n,
                                                     "ceiling_per_s": rate, **row})
                         print(line(f"{variant}, instances {instances}, frontends {n}", row, rate), flush=True)
+        if args.artifact and args.defaults:
+            sentences = quantile_sentences(args.artifact, texts, args.groups)
+            for name, flags in DEFAULTS.items():
+                row = served(args.artifact, flags, sentences, args, Path(tmp), task="embed")
+                results["defaults"][name] = row
+                print(line(f"Embed, {name}", row), flush=True)
+            if args.infinity:
+                results["defaults"]["infinity"] = infinity_h2load_rows(args, sentences, Path(tmp))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

@@ -21,8 +21,11 @@ def _backend_choices() -> tuple[click.Choice, str]:
     """serve --backend's choices and help: the names and summaries of the backend table."""
     from bertzoo.serving.backends import BACKENDS
 
-    return (click.Choice(list(BACKENDS)),
-            "; ".join(f"{name}: {entry.summary}" for name, entry in BACKENDS.items()) + ".")
+    return (click.Choice(["auto", *BACKENDS]),
+            "auto: the fastest on this CPU that keeps fp32-level agreement (ONNX Runtime int8 where the artifact's "
+            "parity report allows, else OpenVINO bf16 where the CPU has native bf16, else ONNX Runtime; "
+            "onnxruntime with --device cuda); "
+            + "; ".join(f"{name}: {entry.summary}" for name, entry in BACKENDS.items()) + ".")
 
 
 def _config_choices(name: str) -> click.Choice:
@@ -51,7 +54,7 @@ def _serve_option(*decls: str, name: str, **kwargs):
 @_serve_option("--variant", name="variant", type=click.Choice(["auto", "fp32", "optimized", "int8"]), default="auto",
                help="The artifact's encoder (onnxruntime); auto: the fastest it holds whose export parity gates passed "
                     "(int8, then optimized, then fp32).")
-@_serve_option("--backend", name="backend", type=_backend_choices()[0], help=_backend_choices()[1])
+@_serve_option("--backend", name="backend", type=_backend_choices()[0], default="auto", help=_backend_choices()[1])
 @_serve_option("--device", name="device", type=_config_choices("DEVICES"),
                help="cuda: the first visible NVIDIA GPU (onnxruntime needs the onnxruntime-gpu package).")
 @_serve_option("--precision", name="precision", type=_config_choices("PRECISIONS"),
@@ -135,9 +138,10 @@ def serve(auth_token_file: str | None, max_batch_size: int, max_batch_tokens: in
         pad_to = "bucket" if options["device"] == "cuda" else "longest"
     try:
         # Before the port is bound: one line naming what to install, or what MODEL_DIR should be.
-        check_available(options["backend"], options["device"])
-        check_model_dir(options["backend"], options["model_dir"], options["verify_key"])
+        check_model_dir("onnxruntime" if options["backend"] == "auto" else options["backend"], options["model_dir"],
+                        options["verify_key"])
         _resolve_auto(options)
+        check_available(options["backend"], options["device"])
         batch = BatchSettings(max_batch_size, max_batch_tokens, max_queue, max_queue_delay_ms, pad_to)
         config = ServeConfig(batch=batch, **options)
     except (ArtifactError, BackendUnavailable, FileNotFoundError) as e:
@@ -154,17 +158,22 @@ def serve(auth_token_file: str | None, max_batch_size: int, max_batch_tokens: in
 
 
 def _resolve_auto(options: dict) -> None:
-    """Replace each ``auto`` of --variant, --instances and --frontends by what it means on this machine and artifact
-    (bertzoo.serving.machine_defaults), and log the choice; a number must be a positive count."""
+    """Replace each ``auto`` of --backend, --variant, --instances and --frontends by what it means on this machine and
+    artifact (bertzoo.serving.machine_defaults), and log the choice; a number must be a positive count."""
     import logging
 
     from bertzoo.serving import machine_defaults as auto
     from bertzoo.serving.backends import BACKENDS
 
     chosen = []
+    if options["backend"] == "auto":
+        options["backend"] = auto.backend(options["model_dir"], options["device"], options["variant"] != "auto")
+        chosen.append(f"backend {options['backend']}")
     if options["variant"] == "auto":  # a backend without variants reads fp32 as its one encoder (tensorrt: its engine)
-        options["variant"] = auto.variant(options["model_dir"]) if BACKENDS[options["backend"]].variants else "fp32"
-        chosen.append(f"variant {options['variant']}")
+        options["variant"] = "fp32"
+        if BACKENDS[options["backend"]].variants:
+            options["variant"] = auto.variant(options["model_dir"])
+            chosen.append(f"variant {options['variant']}")
     for name, rule in (("instances", lambda: auto.instances(options["backend"], options["device"], options["threads"])),
                        ("frontends", lambda: auto.frontends(options["device"]))):
         value = options[name]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import socket
 import sys
 import threading
@@ -194,3 +195,24 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
     key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption()))
     return cert_path, key_path
+
+
+EXPECTED_SKIPS = Path(__file__).with_name("expected_skips.txt")
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """In CI (CI=true), fail the run on any skip whose reason is not on tests/expected_skips.txt."""
+    if os.environ.get("CI") != "true":
+        return
+    expected = [line.strip() for line in EXPECTED_SKIPS.read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter is not None else []
+    unexpected = sorted({report.longrepr[2] for report in skipped if isinstance(report.longrepr, tuple)
+                         and not any(pattern in report.longrepr[2] for pattern in expected)})
+    if unexpected:
+        reporter.write_line(f"CI: {len(unexpected)} unexpected skip reasons (tests/expected_skips.txt lists the "
+                            "expected ones):", red=True)
+        for reason in unexpected:
+            reporter.write_line(f"  {reason}", red=True)
+        session.exitstatus = 1

@@ -26,9 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 NODE_CLIENT = ROOT / "tests" / "clients" / "node"
 PROTO = ROOT / "protos" / "bertzoo" / "v1" / "bertzoo.proto"
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     shutil.which("node") is None or not (NODE_CLIENT / "node_modules" / "@grpc" / "grpc-js").is_dir(),
-    reason="needs node and `npm ci --prefix tests/clients/node` (.ci/run installs both)")
+    reason="needs node and `npm ci --prefix tests/clients/node` (.ci/run installs both)")]
 
 
 def plain(message: Message) -> dict:

@@ -8,10 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from bertzoo.trainer.train import build_model
+
+pytestmark = pytest.mark.slow  # real processes: `pytest -m 'not slow'` leaves them out
 
 
 def test_two_gloo_processes_keep_equal_weights(tiny_train_config, tmp_path):

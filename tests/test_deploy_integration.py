@@ -20,9 +20,9 @@ from bertzoo.serving.proto import pb2
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deploy"))
 import local  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     bool(local.missing_tools()), reason=f"needs {' and '.join(local.missing_tools())} (.ci/run installs them with "
-                                        "apt-get: Debian packages nginx and prometheus)")
+                                        "apt-get: Debian packages nginx and prometheus)")]
 
 TASKS = ("sentiment", "paraphrase", "similarity", "qa", "embed")
 

@@ -3,6 +3,7 @@ port or an absent server, and an in-process serve() that leaves the process's si
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import socket
@@ -19,21 +20,43 @@ from bertzoo.serving import machine_defaults
 from conftest import free_port
 
 
-def test_auto_variant_is_the_fastest_encoder_whose_gates_passed(tiny_artifact, tmp_path):
-    _, artifact = tiny_artifact
-    assert machine_defaults.variant(str(artifact)) == "fp32"  # the tiny artifact has no other encoder
-    copy = tmp_path / "artifact"
+def _with_variants(artifact, tmp_path, int8_same_class: float, optimized_passed: bool = True):
+    """A copy of ``artifact`` whose manifest lists int8 and optimized encoders (the fp32 file under their names) with
+    parity reports: int8's sentiment agreement ``int8_same_class``, passing its own (int8) gates."""
+    copy = tmp_path / f"artifact-{int8_same_class}-{optimized_passed}"
     shutil.copytree(artifact, copy)
     manifest = json.loads((copy / "manifest.json").read_text())
     files = manifest["graphs"]["encoder"]["files"]
     files["int8"], files["optimized"] = files["fp32"], files["fp32"]
-    manifest["parity"]["int8"] = {**manifest["parity"]["fp32"], "passed": False}
-    manifest["parity"]["optimized"] = {**manifest["parity"]["fp32"], "passed": True}
+    fp32 = manifest["parity"]["fp32"]
+    int8_tasks = {**fp32["tasks"], "sentiment": {**fp32["tasks"]["sentiment"], "same_class": int8_same_class,
+                                                 "same_class_high": min(1.0, int8_same_class + 0.01)}}
+    manifest["parity"]["int8"] = {**fp32, "tasks": int8_tasks, "passed": True}
+    manifest["parity"]["optimized"] = {**fp32, "passed": optimized_passed}
     write_manifest(copy, manifest)
-    assert machine_defaults.variant(str(copy)) == "optimized"  # int8's gates failed: not chosen
-    manifest["parity"]["int8"]["passed"] = True
-    write_manifest(copy, manifest)
-    assert machine_defaults.variant(str(copy)) == "int8"
+    return str(copy)
+
+
+def test_auto_variant_is_the_fastest_encoder_at_fp32_level_agreement(tiny_artifact, tmp_path):
+    _, artifact = tiny_artifact
+    assert machine_defaults.variant(str(artifact)) == "fp32"  # the tiny artifact has no other encoder
+    # int8 passed its own gates (>= 95% same class) but not fp32's (99.5%): not a default.
+    assert machine_defaults.variant(_with_variants(artifact, tmp_path, 0.96)) == "optimized"
+    assert machine_defaults.variant(_with_variants(artifact, tmp_path, 0.96, optimized_passed=False)) == "fp32"
+    assert machine_defaults.variant(_with_variants(artifact, tmp_path, 1.0)) == "int8"
+
+
+def test_auto_backend_is_openvino_bf16_only_where_int8_falls_short_and_the_cpu_has_native_bf16(
+        tiny_artifact, tmp_path, monkeypatch):
+    _, artifact = tiny_artifact
+    short, exact = _with_variants(artifact, tmp_path, 0.96), _with_variants(artifact, tmp_path, 1.0)
+    for native in (True, False):
+        monkeypatch.setattr(machine_defaults, "native_bf16", lambda native=native: native)
+        assert machine_defaults.backend(exact, "cpu", variant_forced=False) == "onnxruntime"  # int8 at fp32 level
+        expected = "openvino" if native and importlib.util.find_spec("openvino") else "onnxruntime"
+        assert machine_defaults.backend(short, "cpu", variant_forced=False) == expected
+        assert machine_defaults.backend(short, "cpu", variant_forced=True) == "onnxruntime"  # --variant asked for
+        assert machine_defaults.backend(short, "cuda", variant_forced=False) == "onnxruntime"
 
 
 @pytest.mark.parametrize(("cores", "expected"), [(1, 1), (2, 2), (4, 4), (8, 4), (16, 8), (64, 8)])

@@ -21,6 +21,8 @@ from bertzoo.serving.grpc_server import ServerThread
 from bertzoo.serving.proto import pb2
 from conftest import free_port, self_signed, serve_config
 
+pytestmark = pytest.mark.slow  # real processes: `pytest -m 'not slow'` leaves them out
+
 
 class ServerProcess:
     """``bertzoo serve ARTIFACT --frontends N FLAGS...`` in a subprocess, on free ports, its output collected."""
@@ -29,7 +31,7 @@ class ServerProcess:
         self.port, self.metrics_port = free_port(), free_port()
         command = [sys.executable, "-m", "bertzoo.cli", "serve", str(artifact), "--host", "127.0.0.1", "--port",
                    str(self.port), "--metrics-port", str(self.metrics_port), "--threads", "1", "--no-ort-spinning",
-                   "--frontends", str(frontends), *flags]
+                   "--backend", "onnxruntime", "--frontends", str(frontends), *flags]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                         env={**os.environ, "OMP_NUM_THREADS": "1"})
         self.output = ""

@@ -25,9 +25,9 @@ from bertzoo.serving.grpc_server import ServerThread
 from conftest import load_benchmark, serve_config
 
 VENV = Path(os.environ.get("BERTZOO_TRITON_VENV", "/nonexistent"))
-pytestmark = pytest.mark.skipif(not (VENV / "bin" / "tritonserver").exists(),
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not (VENV / "bin" / "tritonserver").exists(),
                                 reason="no Triton: run benchmarks/peers/triton_setup.sh VENV and set "
-                                       "BERTZOO_TRITON_VENV=VENV (CI does)")
+                                       "BERTZOO_TRITON_VENV=VENV (CI does)")]
 
 
 @pytest.fixture(scope="module")
