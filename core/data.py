@@ -355,6 +355,7 @@ def read_squad_files(paths: Iterable[PathLike], skipped: list[str] | None = None
     for p in paths:
         p = Path(p)
         dupes = 0
+        added = len(out)
         for ex in read_squad(p, skipped):
             if ex.id not in seen:
                 seen[ex.id] = (ex, p)
@@ -370,6 +371,8 @@ def read_squad_files(paths: Iterable[PathLike], skipped: list[str] | None = None
                 ex.answer_starts,
             ):
                 log.warning("%s: question %r differs from the copy in %s; keeping the first", p, ex.id, first_path)
-        if dupes:
-            log.info("%s: %d question ids already loaded from earlier files were dropped", p, dupes)
+        new = out[added:]
+        unanswerable = sum(ex.is_impossible for ex in new)
+        log.info("%s: %d questions taken (%d answerable, %d unanswerable)%s", p, len(new), len(new) - unanswerable,
+                 unanswerable, f"; {dupes} ids already loaded from earlier files dropped" if dupes else "")
     return out

@@ -351,3 +351,28 @@ def test_real_quora_dev_skips_exactly_the_two_damaged_rows() -> None:
     pairs = read_cs224n_pairs(SHARED / "quora-dev.csv", "is_duplicate", skipped=skipped)
     assert len(pairs) == 20_212
     assert skipped == [f"{SHARED / 'quora-dev.csv'}:{n}: empty is_duplicate" for n in (2577, 14222)]
+
+
+@pytest.mark.skipif(not (SHARED / "squad/train-v1.1.json").is_file(), reason=f"real data not present at {SHARED}")
+def test_a_slice_of_the_v11_training_set_merges_with_v20_files_by_id(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """The rebuilt SQuAD v1.1 training set (no is_impossible: every question answerable) merges with SQuAD 2.0 files,
+    one copy per id, with a line per file of what it added."""
+    doc = json.loads((SHARED / "squad/train-v1.1.json").read_text(encoding="utf-8"))
+    article = doc["data"][0]
+    v11 = {"version": doc.get("version", "1.1"), "data": [{**article, "paragraphs": article["paragraphs"][:3]}]}
+    v11_ids = [q["id"] for p in v11["data"][0]["paragraphs"] for q in p["qas"]]
+    assert v11_ids and all("is_impossible" not in q for p in v11["data"][0]["paragraphs"] for q in p["qas"])
+    repeat = {**v11["data"][0]["paragraphs"][0], "qas": v11["data"][0]["paragraphs"][0]["qas"][:1]}
+    v20 = squad_doc([qa("v2-only", [], True)])
+    v20["data"][0]["paragraphs"].append(repeat)  # an id the v1.1 slice has too
+    first, second = write(tmp_path, "train-v1.1.slice.json", json.dumps(v11)), write(tmp_path, "train-v2.json",
+                                                                                       json.dumps(v20))
+    with caplog.at_level(logging.INFO, logger="bertzoo.data"):
+        out = read_squad_files([first, second])
+    assert [e.id for e in out] == [*v11_ids, "v2-only"]  # the repeat kept once, from the first file
+    assert not any(e.is_impossible for e in out[:-1]) and out[-1].is_impossible
+    lines = [r.getMessage() for r in caplog.records]
+    assert f"{first}: {len(v11_ids)} questions taken ({len(v11_ids)} answerable, 0 unanswerable)" in lines
+    assert f"{second}: 1 questions taken (0 answerable, 1 unanswerable); 1 ids already loaded from earlier files " \
+           "dropped" in lines
