@@ -62,8 +62,8 @@ def _serve_option(*decls: str, name: str, **kwargs):
                     "auto = bf16 where the CPU has native bf16 (AVX-512 BF16, AMX), else fp32.")
 @_serve_option("--frontends", name="frontends", type=str, default="auto",
                help="Processes doing gRPC, tokenization and post-processing in front of one engine process; 1: one "
-                    "process for everything. auto: 1 on the CPU below 16 cores (cores // 8 above); on a GPU half the "
-                    "cores, at most 8.")
+                    "process for everything. auto: on the CPU (--threads or the cores) // 8, at least 1; on a GPU half "
+                    "the cores, at most 8.")
 @_serve_option("--instances", name="instances", type=str, default="auto",
                help="Engine instances running batches side by side (CPU engines), the --threads shared out among "
                     "them; auto: one per core up to 4 cores, one per 2 cores above (at most 8); 1 on a GPU.")
@@ -175,7 +175,7 @@ def _resolve_auto(options: dict) -> None:
             options["variant"] = auto.variant(options["model_dir"])
             chosen.append(f"variant {options['variant']}")
     for name, rule in (("instances", lambda: auto.instances(options["backend"], options["device"], options["threads"])),
-                       ("frontends", lambda: auto.frontends(options["device"]))):
+                       ("frontends", lambda: auto.frontends(options["device"], options["threads"]))):
         value = options[name]
         if value == "auto":
             options[name] = rule()

@@ -75,13 +75,13 @@ def instances(backend: str, device: str, threads: int | None) -> int:
     return max(1, min(MAX_AUTO_INSTANCES, n if n <= 4 else n // 2))
 
 
-def frontends(device: str) -> int:
+def frontends(device: str, threads: int | None = None) -> int:
     """Front-end processes: one process (no front ends apart) unless the engine answers more requests than one event
-    loop takes. A front end carries about 2,000 one-sentence requests/s per core (the front-end probe,
-    benchmarks/serve_frontends.py). On the CPU the engine needs the cores itself and serves a few hundred sentences/s
-    per 2 cores: one front end per 8 cores. On a GPU the engine serves ~10,000/s from any core count: half the
-    cores, at most 8."""
+    loop takes. A front end carries about 2,100 one-sentence requests/s per core (the front-end probe,
+    benchmarks/serve_frontends.py). On the CPU the engine needs the cores itself (``threads`` of them where given,
+    else every usable one) and serves a few hundred sentences/s per 2 cores: one front end per 8 cores. On a GPU the
+    engine serves ~10,000/s from any core count: half the cores, at most 8."""
     n = cores()
     if device == "cuda":
         return max(1, min(8, n // 2))
-    return max(1, n // 8)
+    return max(1, (threads or n) // 8)

@@ -73,6 +73,7 @@ def test_auto_frontends_follow_the_device_and_cores(monkeypatch, cores, cpu, cud
     monkeypatch.setattr(machine_defaults, "cores", lambda: cores)
     assert machine_defaults.frontends("cpu") == cpu
     assert machine_defaults.frontends("cuda") == cuda
+    assert machine_defaults.frontends("cpu", threads=2) == 1  # --threads 2: the engine's share, not the node's
 
 
 def test_a_bad_count_is_one_line_naming_the_option(tiny_artifact):
