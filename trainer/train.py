@@ -1,25 +1,26 @@
-"""The multitask training loop: one task per step, AdamW with warmup and linear decay, per-epoch dev evaluation,
-atomic checkpoints, resume, and torchrun/DDP when launched with several processes.
+"""The multitask training loop: one task per step, per-epoch dev evaluation, atomic checkpoints (at epoch ends and
+by ``save_every`` / ``save_every_minutes``), resume, and torchrun/DDP when launched with several processes.
 
     bertzoo train --data DIR --out runs/x                       # one process
     torchrun --nproc_per_node 2 -m bertzoo.cli train ...      # DDP: gloo on CPU, nccl on GPUs
+
+The loop's parts live beside it: the process's rank, device and seeds in ``launch.py``, AdamW with layer-wise decay
+and the warmup-then-linear-decay schedule in ``optimizer.py``, the task losses in ``losses.py``, the auxiliary
+objectives in ``objectives.py``, the data streams and task sampling in ``batches.py``. ``task_loss`` is looked up in
+this module at each step (the tests replace it here to stop a run at a chosen step).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import random
-import re
 import time
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from bertzoo.allocator import describe as describe_allocator
@@ -35,8 +36,12 @@ from .calibration import calibrate_null_threshold
 from .config import TrainConfig
 from .evaluate import evaluate
 from .heads import ModelConfig, MultitaskModel
+from .launch import Dist, seed_everything, setup_distributed
+from .losses import negative_pearson as negative_pearson  # re-exported: imported from here since before the split
+from .losses import task_loss
 from .model import EncoderConfig
 from .objectives import build_objectives
+from .optimizer import lr_factor, make_optimizer
 from .plots import training_curves
 from .precision import autocast_context, cpu_precision_advice
 from .prioritization import TaskPrioritizer, broadcast, primary_scores, reprioritize
@@ -46,39 +51,9 @@ from .training_data import check_data_files, load_splits, load_training_data
 log = logging.getLogger("bertzoo.train")
 
 
-@dataclass
-class Dist:
-    rank: int = 0
-    world_size: int = 1
-    device: torch.device = torch.device("cpu")
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def setup_distributed() -> Dist:
-    """torchrun sets WORLD_SIZE/RANK/LOCAL_RANK; a plain launch is one process."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size == 1:
-        return Dist(device=torch.device("cuda" if torch.cuda.is_available() else "cpu"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    use_cuda = torch.cuda.is_available()
-    if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
-    device = torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")
-    if use_cuda:
-        torch.cuda.set_device(device)
-    return Dist(dist.get_rank(), world_size, device)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def build_model(config: TrainConfig) -> tuple[MultitaskModel, Tokenizer]:
+    """The multitask model the config describes, on the backbone's weights (or fresh ones with ``random_init``), and
+    the backbone's tokenizer."""
     backbone = resolve_backbone(config.backbone, random_init=config.random_init)
     encoder_config = EncoderConfig.from_dict(backbone.config(), **config.encoder_overrides)
     num_labels = len(task_spec("sentiment", config.sentiment_dataset).labels)
@@ -89,74 +64,6 @@ def build_model(config: TrainConfig) -> tuple[MultitaskModel, Tokenizer]:
         model.encoder.load_pretrained(backbone.weights_path)
     model.pack_tokens = config.pack_tokens
     return model, backbone.tokenizer()
-
-
-def negative_pearson(pred: torch.Tensor, target: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """-corr(pred, target) over the batch (paper 001's STS loss): scale-free, it optimises the metric itself."""
-    p, t = pred - pred.mean(), target - target.mean()
-    return -(p * t).sum() / (p.norm() * t.norm() + eps)
-
-
-def task_loss(task: str, outputs, batch: dict[str, torch.Tensor], similarity_loss: str = "mse") -> torch.Tensor:
-    if task == "sentiment":
-        return F.cross_entropy(outputs.float(), batch["labels"])
-    if task == "paraphrase":
-        return F.binary_cross_entropy_with_logits(outputs.float(), batch["labels"])
-    if task == "similarity" and similarity_loss == "neg_pearson":
-        return negative_pearson(outputs.float(), batch["labels"])
-    if task == "similarity":
-        # Scores and targets divided by 5 so this loss is on the same scale as the others.
-        return F.mse_loss(outputs.float() / 5.0, batch["labels"] / 5.0)
-    start, end = outputs
-    return (F.cross_entropy(start, batch["start_positions"]) + F.cross_entropy(end, batch["end_positions"])) / 2
-
-
-def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, head_lr: float | None = None,
-                   layer_decay: float = 1.0) -> torch.optim.AdamW:
-    """AdamW; each group keeps its ``base_lr`` for the schedule. ``head_lr``: the rate of ``heads.*`` parameters.
-
-    ``layer_decay`` < 1 is layer-wise learning-rate decay (ELECTRA, BEiT): the top encoder layer trains at ``lr``,
-    each layer below at ``layer_decay`` times the one above it, the embeddings at the rate of a layer under the
-    first, so the general lower layers of a pretrained encoder move less than the task-specific upper ones."""
-    depth = encoder_depth(model)
-    groups: dict[tuple[float, float], list] = {}
-    for name, param in model.named_parameters():
-        if head_lr is not None and name.startswith("heads."):
-            group_lr = head_lr
-        else:
-            group_lr = lr * layer_decay ** (depth - encoder_layer_of(name, depth))
-        # No weight decay on biases and LayerNorm weights (standard BERT practice).
-        decay = 0.0 if param.ndim < 2 else weight_decay
-        groups.setdefault((group_lr, decay), []).append(param)
-    # fused: one kernel per step instead of a few per tensor; 4x faster on 2 CPU cores (160 -> 40 ms a step for
-    # MiniLM), which is a fifth of a sentence step.
-    return torch.optim.AdamW(
-        [{"params": p, "lr": lr, "base_lr": lr, "weight_decay": wd} for (lr, wd), p in groups.items()], fused=True
-    )
-
-
-_LAYER = re.compile(r"(?:^|\.)encoder\.layer\.(\d+)\.")
-
-
-def encoder_depth(model: torch.nn.Module) -> int:
-    """The number of transformer layers, counted from the parameter names (``...encoder.layer.<i>...``)."""
-    layers = {int(m.group(1)) for name, _ in model.named_parameters() if (m := _LAYER.search(name))}
-    return max(layers) + 1 if layers else 0
-
-
-def encoder_layer_of(name: str, depth: int) -> int:
-    """1-based depth of a parameter for layer-wise decay: embeddings 0, transformer layer i is i + 1, and anything
-    above the layers (heads, MLM head) ``depth``, the top's rate."""
-    if (match := _LAYER.search(name)) is not None:
-        return int(match.group(1)) + 1
-    return 0 if ".embeddings." in f".{name}" else depth
-
-
-def lr_factor(step: int, total: int, warmup_ratio: float) -> float:
-    warmup = max(1, int(total * warmup_ratio))
-    if step < warmup:
-        return (step + 1) / warmup
-    return max(0.0, (total - step) / max(1, total - warmup))
 
 
 def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, dict]:
@@ -205,27 +112,7 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
     average = WeightAverage(model, config.weight_average, total_steps) if config.weight_average else None
     start_step, best, metrics = 0, float("-inf"), {}
     if resume and (out_dir / "LATEST").exists():
-        directory = ckpt.resolve_checkpoint(out_dir, prefer="LATEST")
-        ckpt.load_weights(model, directory, f"write the name of an earlier checkpoint-* of the run into "
-                          f"{out_dir / 'LATEST'} to resume from there, or start over with --force")
-        meta, opt_state, state_tensors = ckpt.load_trainer_state(directory)
-        if any(k.startswith(RAW_PREFIX) for k in state_tensors):  # the run was averaging: it saved the average
-            if average is not None:
-                average.resume(state_tensors, meta.get("average_updates", 0))
-            else:
-                restore_raw(model, state_tensors)
-        if opt_state is not None:
-            optimizer.load_state_dict(opt_state)
-        torch.set_rng_state(state_tensors["rng.torch"])
-        for task, state in meta["streams"].items():
-            streams[task].load_state_dict(state)
-        if prioritizer is not None and "prioritizer" in meta:
-            prioritizer.load_state_dict(meta["prioritizer"])
-        start_step, best = meta["step"], meta.get("best", best)
-        metrics = json.loads((directory / ckpt.METRICS).read_text())
-        if env.is_main:
-            log.info("resumed from %s at step %d", directory, start_step)
-            _drop_log_records_after(out_dir / "train_log.jsonl", start_step)
+        start_step, best, metrics = _resume(out_dir, env, model, optimizer, average, streams, prioritizer, best)
     elif env.is_main:  # from step 0 (e.g. --resume of a run killed before its first checkpoint): no step twice
         _drop_log_records_after(out_dir / "train_log.jsonl", 0)
 
@@ -312,6 +199,36 @@ def train(config: TrainConfig, resume: bool = False) -> tuple[MultitaskModel, di
     if average is not None:
         average.keep()  # the model returned is the one saved
     return model, metrics
+
+
+def _resume(out_dir: Path, env: Dist, model: MultitaskModel, optimizer: torch.optim.Optimizer,
+            average: WeightAverage | None, streams: dict[str, TaskStream], prioritizer: TaskPrioritizer | None,
+            best: float) -> tuple[int, float, dict]:
+    """Restore everything the checkpoint that ``out_dir``'s LATEST names holds (weights, optimizer, torch's
+    generator, each task's place in its data, the task weights, the average) so the run goes on as if never stopped:
+    (its step, its best dev score, its metrics)."""
+    directory = ckpt.resolve_checkpoint(out_dir, prefer="LATEST")
+    ckpt.load_weights(model, directory, f"write the name of an earlier checkpoint-* of the run into "
+                      f"{out_dir / 'LATEST'} to resume from there, or start over with --force")
+    meta, opt_state, state_tensors = ckpt.load_trainer_state(directory)
+    if any(k.startswith(RAW_PREFIX) for k in state_tensors):  # the run was averaging: it saved the average
+        if average is not None:
+            average.resume(state_tensors, meta.get("average_updates", 0))
+        else:
+            restore_raw(model, state_tensors)
+    if opt_state is not None:
+        optimizer.load_state_dict(opt_state)
+    torch.set_rng_state(state_tensors["rng.torch"])
+    for task, state in meta["streams"].items():
+        streams[task].load_state_dict(state)
+    if prioritizer is not None and "prioritizer" in meta:
+        prioritizer.load_state_dict(meta["prioritizer"])
+    start_step, best = meta["step"], meta.get("best", best)
+    metrics = json.loads((directory / ckpt.METRICS).read_text())
+    if env.is_main:
+        log.info("resumed from %s at step %d", directory, start_step)
+        _drop_log_records_after(out_dir / "train_log.jsonl", start_step)
+    return start_step, best, metrics
 
 
 def _end_of_epoch(config: TrainConfig, env: Dist, model: MultitaskModel, optimizer: torch.optim.Optimizer,
