@@ -22,38 +22,32 @@ Methods return the protobuf responses of protos/bertzoo/v1/bertzoo.proto; errors
 server's status code and message (``error.code()``, ``error.details()``). Channels get :func:`channel_options`:
 gRPC's own retries with backoff for UNAVAILABLE, RESOURCE_EXHAUSTED and CANCELLED (a restarting replica, a full
 queue, a call caught by a replica's shutdown), keepalive pings, and no 4 MiB cap on what is sent. TLS can carry a
-client certificate (mTLS).
+client certificate (mTLS). The channel's options and credentials are ``client_channel.py``'s, ``bertzoo client
+health``'s exit codes ``health_probe.py``'s; this module keeps the clients and re-exports those names.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
-from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+# The channel's settings and the health probe have modules of their own; their names stay importable from here, the
+# client's public module, as they were before the split.
+from .client_channel import RETRY_SERVICE_CONFIG as RETRY_SERVICE_CONFIG
+from .client_channel import PemSource as PemSource
+from .client_channel import auth_metadata, channel_credentials, channel_options
+from .health_probe import HEALTH_AUTH_OR_TLS as HEALTH_AUTH_OR_TLS
+from .health_probe import HEALTH_CANNOT_CONNECT as HEALTH_CANNOT_CONNECT
+from .health_probe import HEALTH_NOT_SERVING as HEALTH_NOT_SERVING
+from .health_probe import HEALTH_RPC_FAILED as HEALTH_RPC_FAILED
+from .health_probe import HEALTH_SERVING as HEALTH_SERVING
+from .health_probe import probe_health as probe_health
+from .health_probe import wait_for_health as wait_for_health
 from .proto import pb2, pb2_grpc
-
-PemSource = bytes | str | Path | None
-
-# gRPC retries a call itself (transparently to the caller, within its deadline) when the server answers UNAVAILABLE
-# (a replica starting or draining), RESOURCE_EXHAUSTED (its queue full) or CANCELLED, with exponential backoff and
-# jitter. A server answers CANCELLED only while it shuts down: gRPC core cancels a call that reaches a replica in the
-# instant its drain starts (accepted by the connection's GOAWAY handshake, then dropped by the stopping server; a
-# proxy such as nginx passes that answer on and cannot retry it), and a replica cuts calls still running when its
-# --shutdown-grace ends. Every bertzoo RPC is a pure function of its request, so another replica may answer it. A
-# call this client cancels itself ends at once and is never retried. Health checks are not retried: a probe must
-# report what it saw.
-RETRY_SERVICE_CONFIG = {"methodConfig": [{
-    "name": [{"service": "bertzoo.v1.Bertzoo"}],
-    "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "2s", "backoffMultiplier": 2,
-                    "retryableStatusCodes": ["UNAVAILABLE", "RESOURCE_EXHAUSTED", "CANCELLED"]},
-}]}
-
 
 # A stream that ends with one of these lost its replica (draining, restarting, or cut when its shutdown grace ran
 # out): another replica can answer what it left unanswered.
@@ -92,45 +86,6 @@ class _Resumption:
         if error.code() not in STREAM_RESUMABLE or self.failures >= self.attempts:
             raise error
         return min(2.0, 0.1 * 2 ** self.failures)
-
-
-def channel_options(retries: bool = True, keepalive_seconds: float = 30.0) -> list[tuple[str, object]]:
-    """Options of every client channel. Keepalive pings every ``keepalive_seconds`` keep an idle connection open
-    through NATs and load balancers (the server accepts pings that often); 0 turns them off."""
-    options: list[tuple[str, object]] = [("grpc.max_send_message_length", -1),
-                                         ("grpc.max_receive_message_length", 64 << 20),
-                                         ("grpc.enable_retries", int(retries))]
-    # round_robin: where the target resolves to several servers (a headless Kubernetes Service, DNS with one record
-    # per replica, or "ipv4:10.0.0.1:50051,10.0.0.2:50051"), calls spread over all of them instead of gRPC's default
-    # of one connection to the first; with one address nothing changes.
-    config: dict = {"loadBalancingConfig": [{"round_robin": {}}]}
-    if retries:
-        config.update(RETRY_SERVICE_CONFIG)
-    options.append(("grpc.service_config", json.dumps(config)))
-    if keepalive_seconds:
-        options += [("grpc.keepalive_time_ms", int(keepalive_seconds * 1000)), ("grpc.keepalive_timeout_ms", 10000),
-                    ("grpc.keepalive_permit_without_calls", 1)]
-    return options
-
-
-def _pem(source: PemSource) -> bytes | None:
-    return Path(source).read_bytes() if isinstance(source, (str, Path)) else source
-
-
-def channel_credentials(tls: bool = False, root_certificates: PemSource = None, certificate_chain: PemSource = None,
-                        private_key: PemSource = None) -> grpc.ChannelCredentials | None:
-    """TLS credentials (``root_certificates``: a PEM file or its bytes; None: the system's roots), with a client
-    certificate and key for mTLS; None for a plaintext channel."""
-    if not tls and root_certificates is None and certificate_chain is None:
-        return None
-    if (certificate_chain is None) != (private_key is None):
-        raise ValueError("a client certificate needs its private key, and a key its certificate")
-    return grpc.ssl_channel_credentials(root_certificates=_pem(root_certificates), private_key=_pem(private_key),
-                                        certificate_chain=_pem(certificate_chain))
-
-
-def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
-    return (("authorization", f"Bearer {token}"),) if token else ()
 
 
 class BertzooClient:
@@ -301,42 +256,3 @@ class AsyncBertzooClient(BertzooClient):
         await self.close()
 
 
-# Exit codes of `bertzoo client health`, as grpc_health_probe's where it has one (2, 3, 4), so scripts written for
-# either read the same: 0 only for SERVING.
-HEALTH_SERVING = 0
-HEALTH_CANNOT_CONNECT = 2  # nothing listens, the connection failed, or the deadline passed (also click's usage error)
-HEALTH_RPC_FAILED = 3  # the server answered the health RPC with an error
-HEALTH_NOT_SERVING = 4  # an answer other than SERVING: NOT_SERVING (loading, draining), SERVICE_UNKNOWN, UNKNOWN
-HEALTH_AUTH_OR_TLS = 5  # TLS handshake failed (certificate, plaintext against TLS), or the call was not authorized
-_TLS_WORDS = ("ssl", "tls", "handshake", "certificate")
-
-
-def probe_health(client: BertzooClient, service: str = "", timeout: float = 5.0) -> tuple[int, str]:
-    """One health check: (exit code, what happened in one line)."""
-    try:
-        status = client.health(service, timeout=timeout)
-    except grpc.RpcError as e:
-        code, details = e.code(), (e.details() or "").strip()
-        if code == grpc.StatusCode.NOT_FOUND:  # the health service's answer for a service name it does not know
-            return HEALTH_NOT_SERVING, f"SERVICE_UNKNOWN: no service {service!r} on this server"
-        if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED) or any(
-                word in details.lower() for word in _TLS_WORDS):
-            return HEALTH_AUTH_OR_TLS, f"auth or TLS failure: {code.name}: {details}"
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            return HEALTH_CANNOT_CONNECT, f"cannot reach the server: {code.name}: {details}"
-        return HEALTH_RPC_FAILED, f"health check failed: {code.name}: {details}"
-    if status == "SERVING":
-        return HEALTH_SERVING, status
-    return HEALTH_NOT_SERVING, status
-
-
-def wait_for_health(client: BertzooClient, service: str = "", wait: float = 0.0, timeout: float = 5.0,
-                    interval: float = 0.25) -> tuple[int, str]:
-    """Check until SERVING or ``wait`` seconds have passed (one check with ``wait=0``); the last result."""
-    deadline = time.monotonic() + wait
-    while True:
-        left = deadline - time.monotonic()
-        result = probe_health(client, service, timeout=min(timeout, left) if left > 0.1 else timeout)
-        if result[0] == HEALTH_SERVING or time.monotonic() + interval >= deadline:
-            return result
-        time.sleep(interval)
