@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from ceiling import encoder_flops, gemm_peak_gflops, timed
 from processes import start_bertzoo, stop
-from serve_speed import closed_loop
+from server_loads import closed_loop
 from timing import machine
 
 from bertzoo.artifact import load_manifest

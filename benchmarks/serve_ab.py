@@ -24,7 +24,7 @@ import shlex
 import sys
 
 from processes import free_port, start_bertzoo, stop
-from serve_speed import closed_loop, measured_load, open_loop
+from server_loads import closed_loop, measured_load, open_loop
 from timing import machine
 
 from bertzoo.serving.load import load_items

@@ -10,7 +10,7 @@
    connections, and the CPU seconds per request of the front ends, the engine and the parent (by process name), and
    of the load generator.
 2. With --artifact (a real model's `bertzoo export --int8` output): each of --variants under the same load, against
-   its in-process ceiling (serve_speed.in_process_ceiling), with one and two engine instances, at each N.
+   its in-process ceiling (served_variants.in_process_ceiling), with one and two engine instances, at each N.
 3. With --artifact and --defaults: Embed, `bertzoo serve ARTIFACT` with no engine flags (what `auto` picks here)
    against the old defaults (ONNX Runtime fp32, one instance, one process) and, with --infinity, the peer
    infinity-emb at each of its CPU engines under the same h2load load (serve_h2load.infinity_h2load_rows).
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from processes import free_port, start_bertzoo, stat_cpu_seconds, stop
 from serve_h2load import RPC, grpc_bodies, h2load, infinity_h2load_rows, ok_answers, quantile_sentences
-from serve_speed import VARIANTS, in_process_ceiling
+from served_variants import VARIANTS, in_process_ceiling
 from timing import machine
 
 from bertzoo.serving.load import load_items

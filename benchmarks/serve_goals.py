@@ -30,19 +30,11 @@ import os
 import sys
 from pathlib import Path
 
+from infinity_peer import INFINITY_ENGINES, infinity_row, sentences_file
 from intervals import mean_ci
 from processes import free_port, start_bertzoo, stop
-from serve_speed import (
-    INFINITY_ENGINES,
-    VARIANTS,
-    ceiling_at,
-    closed_loop,
-    in_process_ceiling,
-    infinity_row,
-    measured_load,
-    open_loop,
-    sentences_file,
-)
+from served_variants import VARIANTS, ceiling_at, in_process_ceiling
+from server_loads import closed_loop, measured_load, open_loop
 from timing import machine
 
 from bertzoo.serving.load import load_items

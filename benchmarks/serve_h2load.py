@@ -28,16 +28,10 @@ import time
 from functools import partial
 from pathlib import Path
 
+from infinity_peer import INFINITY_ENGINES, infinity_rows, start_infinity
 from processes import cpu_seconds, free_port, scrape_metrics, start_bertzoo, stop
-from serve_speed import (
-    INFINITY_ENGINES,
-    VARIANTS,
-    closed_loop,
-    in_process_ceiling,
-    infinity_rows,
-    measured_load,
-    start_infinity,
-)
+from served_variants import VARIANTS, in_process_ceiling
+from server_loads import closed_loop, measured_load
 from timing import machine
 
 from bertzoo.artifact import load_manifest

@@ -31,88 +31,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import os
-import resource
-import subprocess
 import sys
-import tempfile
-import time
 from concurrent import futures
 from dataclasses import asdict
 from pathlib import Path
 
 import grpc
 import numpy as np
-from ceiling import encoder_flops, gemm_peak_gflops, in_process_rates
-from processes import (
-    answers_sentiment,
-    cpu_seconds,
-    free_port,
-    memory_mb,
-    scrape_metrics,
-    start,
-    start_bertzoo,
-    stop,
-)
+from ceiling import encoder_flops, gemm_peak_gflops
+from infinity_peer import infinity_rows
+from processes import answers_sentiment, free_port, memory_mb, scrape_metrics, start, start_bertzoo, stop
+from served_variants import FP32_VARIANTS, TASKS, VARIANTS, default_variants, in_process_ceiling
+from server_loads import closed_loop, measured_load, open_loop
 from timing import machine
 
-from bertzoo.cpu import native_bf16
 from bertzoo.data import SentenceExample
 from bertzoo.serving.load import load_items, run_load
 from bertzoo.serving.proto import pb2, pb2_grpc
 
-TASKS = ("sentiment", "embed")
 HALF_SATURATION_RUNS = 3
-# A variant: its engine, that engine's create_backend arguments, the `bertzoo serve` flags that pick it, and the
-# precision whose matrix-product peak it is held against (bf16 against fp32's: no bf16 product is measured here).
-VARIANTS = {
-    "fp32": ("onnxruntime", {"variant": "fp32"}, ["--variant", "fp32"], "fp32"),
-    "optimized": ("onnxruntime", {"variant": "optimized"}, ["--variant", "optimized"], "fp32"),
-    "int8": ("onnxruntime", {"variant": "int8"}, ["--variant", "int8"], "int8"),
-    "openvino-fp32": ("openvino", {"precision": "fp32"}, ["--backend", "openvino", "--precision", "fp32"], "fp32"),
-    "openvino-bf16": ("openvino", {"precision": "bf16"}, ["--backend", "openvino", "--precision", "bf16"], "fp32"),
-}
-FP32_VARIANTS = ("fp32", "optimized", "openvino-fp32")  # what is compared with the peer's fp32 engines
-
-
-def default_variants() -> list[str]:
-    """ONNX Runtime's three graphs, and OpenVINO's precisions where it is installed (bf16 only where native)."""
-    names = ["fp32", "optimized", "int8"]
-    if importlib.util.find_spec("openvino") is None:
-        return names
-
-    return names + ["openvino-fp32"] + (["openvino-bf16"] if native_bf16() else [])
-
-
-def own_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def in_process_ceiling(artifact: str, variant: str, sentences: list[str], threads: int,
-                       tasks: tuple[str, ...] = TASKS) -> dict[str, dict]:
-    """Per task: the variant's in-process ceiling (``ceiling.in_process_rates``: the best over its settings) and the
-    setting that gave it ("best"), the best of the settings that pad as the server does, and every setting's rate and
-    padding efficiency."""
-    engine, engine_args = VARIANTS[variant][:2]
-    found = in_process_rates(artifact, engine, engine_args, sentences, threads, tasks)
-    out = {}
-    for task in tasks:
-        settings = {s: f for (t, s), f in found.items() if t == task}
-        best = max(settings, key=lambda s: settings[s]["rate"])
-        out[task] = {"ceiling": settings[best]["rate"], "best": best, "settings": settings,
-                     "as_served": max(f["rate"] for f in settings.values() if f["as_served"])}
-    return out
-
-
-def ceiling_at(artifact: str, variant: str, sentences: list[str], threads: int, task: str, setting: str) -> float:
-    """The variant's in-process rate for ``task`` at one ``setting`` (a name of ``in_process_ceiling``'s settings,
-    chosen there): the ceiling again, without measuring the settings that lost."""
-    engine, engine_args = VARIANTS[variant][:2]
-    found = in_process_rates(artifact, engine, engine_args, sentences, threads, (task,), only=setting)
-    return found[(task, setting)]["rate"]
 
 
 def batch_counters(metrics_port: int) -> dict[str, float]:
@@ -122,60 +61,6 @@ def batch_counters(metrics_port: int) -> dict[str, float]:
         if (name := key.split("{")[0]) in totals:
             totals[name] += value
     return totals
-
-
-def measured_load(pid: int, load) -> dict:
-    """Run ``load()`` (a closed or open loop; returns a summary with items_per_s) and add the CPU cores the server (``pid``)
-    and this load generator used meanwhile."""
-    server0, own0, t0 = cpu_seconds(pid), own_cpu_seconds(), time.perf_counter()
-    summary = load()
-    wall = time.perf_counter() - t0
-    return {**summary, "server_cores": (cpu_seconds(pid) - server0) / wall,
-            "load_generator_cores": (own_cpu_seconds() - own0) / wall}
-
-
-def closed_loop(port: int, task: str, items: list, concurrency: int, duration: float, stream: bool = False) -> dict:
-    target = f"127.0.0.1:{port}"
-    asyncio.run(run_load(target, task, items, concurrency=concurrency, duration=3, stream=stream))  # warm-up
-    return asyncio.run(run_load(target, task, items, concurrency=concurrency, duration=duration,
-                                stream=stream)).summary()
-
-
-def open_loop(port: int, sentences: list[str], rate: float, duration: float, task: str = "sentiment") -> dict:
-    """Requests of one sentence each (Sentiment, or ``task="embed"`` Embed), sent at ``rate`` per second for
-    ``duration`` s whatever the answers (after a 3 s warm-up at the same rate): p50 and p99 of their latency."""
-    asyncio.run(_open_loop(port, sentences, rate, 3, task))
-    summary = asyncio.run(_open_loop(port, sentences, rate, duration, task))
-    return {**summary, "items_per_s": (summary["sent"] - summary["errors"]) / duration}
-
-
-async def _open_loop(port: int, sentences: list[str], rate: float, duration: float, task: str) -> dict:
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    stub = pb2_grpc.BertzooStub(channel)
-    method, request = {"sentiment": (stub.Sentiment, pb2.SentimentRequest),
-                       "embed": (stub.Embed, pb2.EmbedRequest)}[task]
-    latencies: list[float] = []
-    errors = 0
-
-    async def one(text: str) -> None:
-        nonlocal errors
-        t0 = time.perf_counter()
-        try:
-            await method(request(texts=[text]), timeout=30)
-            latencies.append(time.perf_counter() - t0)
-        except grpc.aio.AioRpcError:
-            errors += 1
-
-    tasks, started, i = [], time.perf_counter(), 0
-    while time.perf_counter() - started < duration:
-        tasks.append(asyncio.create_task(one(sentences[i % len(sentences)])))
-        i += 1
-        await asyncio.sleep(max(0.0, started + i / rate - time.perf_counter()))
-    await asyncio.gather(*tasks)
-    await channel.close()
-    lat = np.asarray(latencies) * 1000
-    return {"rate": rate, "sent": i, "errors": errors, "p50_ms": float(np.percentile(lat, 50)),
-            "p99_ms": float(np.percentile(lat, 99))}
 
 
 def mixed(port: int, data_dir: Path, concurrency: int, duration: float) -> dict:
@@ -219,66 +104,6 @@ def plain_server(checkpoint: str, port: int) -> None:
     server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
     server.wait_for_termination()
-
-
-INFINITY_ENGINES = {"infinity-emb, torch engine, fp32": ("torch", "torch"),
-                    "infinity-emb, optimum engine, fp32 (graph-optimized)": ("optimum", "onnx-fp32"),
-                    "infinity-emb, optimum engine, int8": ("optimum", "onnx-int8")}
-
-
-def start_infinity(venv: str, models: str, engine: str, folder: str) -> tuple[subprocess.Popen, int, str]:
-    """infinity-emb on loopback with ``engine`` and the model in MODELS/``folder``, once it is healthy: (process,
-    port, the model name its requests carry)."""
-    import urllib.request
-
-    port, model = free_port(), str(Path(models) / folder)
-
-    def ready() -> bool:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
-            return response.status == 200
-
-    process = start([str(Path(venv) / "bin" / "infinity_emb"), "v2", "--model-id", model, "--engine", engine,
-                     "--device", "cpu", "--host", "127.0.0.1", "--port", str(port), "--pooling-method",
-                     "mean", "--batch-size", "64"], ready, timeout=600, env={"HF_HUB_OFFLINE": "1"})
-    return process, port, model
-
-
-def infinity_row(venv: str, models: str, engine: str, folder: str, texts: str, concurrency: int,
-                 duration: float) -> dict:
-    """infinity-emb at one CPU engine, started on loopback and warmed up, under the HTTP closed loop (sentences: the
-    lines of the file ``texts``)."""
-    python, load = str(Path(venv) / "bin" / "python"), str(Path(__file__).parent / "peers" / "http_load.py")
-    process, port, model = start_infinity(venv, models, engine, folder)
-    try:
-        command = [python, load, f"http://127.0.0.1:{port}/embeddings", model, texts, "--concurrency", str(concurrency)]
-        subprocess.run([*command, "--duration", "3"], check=True, capture_output=True)  # warm-up
-        server0, t0 = cpu_seconds(process.pid), time.perf_counter()
-        out = subprocess.run([*command, "--duration", str(duration)], check=True, capture_output=True, text=True)
-        wall = time.perf_counter() - t0
-        summary = json.loads(out.stdout)
-        return {**summary, "server_cores": (cpu_seconds(process.pid) - server0) / wall,
-                "load_generator_cores": summary["load_generator_cpu_s"] / wall,
-                "peak_rss_mb": memory_mb(process.pid)["VmHWM"]}
-    finally:
-        stop(process)
-
-
-def sentences_file(sentences: list[str]):
-    """A temporary file of the sentences one per line, for the peer's load generator; delete it when done."""
-    texts = tempfile.NamedTemporaryFile("w", suffix=".txt")  # noqa: SIM115 (the caller's context)
-    texts.write("\n".join(s.replace("\n", " ") for s in sentences))
-    texts.flush()
-    return texts
-
-
-def infinity_rows(venv: str, models: str, sentences: list[str], concurrency: int, duration: float) -> dict:
-    """infinity-emb at each of its CPU engines in turn."""
-    rows = {}
-    with sentences_file(sentences) as texts:
-        for name, (engine, folder) in INFINITY_ENGINES.items():
-            rows[name] = infinity_row(venv, models, engine, folder, texts.name, concurrency, duration)
-            print(f"{name}: {rows[name]['items_per_s']:.1f} sentences/s", flush=True)
-    return rows
 
 
 def report(results: dict) -> None:

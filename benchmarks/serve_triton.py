@@ -41,7 +41,8 @@ import grpc
 import numpy as np
 from intervals import mean_ci
 from processes import free_port, start, start_bertzoo, stop
-from serve_speed import VARIANTS, ceiling_at, closed_loop, in_process_ceiling, measured_load
+from served_variants import VARIANTS, ceiling_at, in_process_ceiling
+from server_loads import closed_loop, measured_load
 from timing import machine
 
 # Triton's gRPC messages and stub (bertzoo[test] installs tritonclient; the gRPC extra is not needed)
