@@ -28,6 +28,7 @@ from bertzoo.errors import UserError
 
 from . import hops
 from .batcher import Job
+from .child_process import child_process_setup
 from .config import ServeConfig
 from .errors import BackendFailure, ServingError
 from .lanes import Lanes, open_local_lanes
@@ -150,7 +151,6 @@ async def run_engine(config: ServeConfig, address: str, control: Connection) -> 
 
 def engine_main(config: ServeConfig, address: str, control: Connection, log_levels: dict[str, int]) -> None:
     """The engine process's entry point (multiprocessing, spawn)."""
-    from .frontends import child_process_setup
     from .grpc_server import run_on_best_loop
 
     child_process_setup(log_levels, "bertzoo-engine")

@@ -30,7 +30,6 @@ parent stop too (the engine at its control pipe's end, front ends by PR_SET_PDEA
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import json
 import logging
@@ -38,7 +37,6 @@ import multiprocessing
 import os
 import signal
 import socket
-import sys
 import tempfile
 import time
 from collections import deque
@@ -46,29 +44,13 @@ from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
+from .child_process import child_process_setup
 from .config import ServeConfig
 
 log = logging.getLogger("bertzoo.serving")
 
 MAX_RESTARTS = 5  # front-end restarts within RESTART_WINDOW seconds before the server gives up
 RESTART_WINDOW = 60.0
-LOG_FORMAT = "%(asctime)s %(processName)s %(name)s: %(message)s"
-
-
-def child_process_setup(log_levels: dict[str, int], short_name: str,
-                        parent_death: signal.Signals | None = None) -> None:
-    """Logging as the parent's (levels of the root and ``bertzoo`` loggers, the process's name on each line); on
-    Linux, ``short_name`` as the process's name in ps and top, and ``parent_death`` sent to this process when the
-    parent dies."""
-    logging.basicConfig(format=LOG_FORMAT, datefmt="%H:%M:%S", stream=sys.stderr)
-    for name, level in log_levels.items():
-        logging.getLogger(name or None).setLevel(level)
-    if sys.platform == "linux":
-        PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_NAME, ctypes.c_char_p(short_name.encode()[:15]))
-        if parent_death is not None:
-            libc.prctl(PR_SET_PDEATHSIG, int(parent_death))
 
 
 def frontend_main(config: ServeConfig, address: str, log_levels: dict[str, int], index: int) -> None:
