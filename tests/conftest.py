@@ -117,16 +117,22 @@ def tiny_artifact(tmp_path_factory):
     """(run dir, artifact dir) of a tiny random model trained 4 steps and exported (fp32 graphs): built once per
     session for the serving tests (about 15 s)."""
     from bertzoo.export.exporter import ExportOptions, export_checkpoint
+
+    root = tmp_path_factory.mktemp("served")
+    train_tiny_run(root / "run")
+    export_checkpoint(root / "run", root / "artifact", ExportOptions(parity_limit=8))
+    return root / "run", root / "artifact"
+
+
+def train_tiny_run(out_dir: Path) -> None:
+    """The tiny random model of ``tiny_artifact``, trained 4 steps on the bundled samples (fixed seed): the model
+    tests/data/golden_outputs.json holds the answers of."""
     from bertzoo.trainer.config import TrainConfig
     from bertzoo.trainer.train import train
 
-    root = tmp_path_factory.mktemp("served")
-    config = TrainConfig(out_dir=str(root / "run"), random_init=True, encoder_overrides=dict(TINY_ENCODER),
-                         limit_per_task=16, batch_size=4, max_steps=4, lr=1e-3, qa_max_length=128, qa_doc_stride=32,
-                         progress=False, eval_every_epoch=False)
-    train(config)
-    export_checkpoint(root / "run", root / "artifact", ExportOptions(parity_limit=8))
-    return root / "run", root / "artifact"
+    train(TrainConfig(out_dir=str(out_dir), random_init=True, encoder_overrides=dict(TINY_ENCODER), limit_per_task=16,
+                      batch_size=4, max_steps=4, lr=1e-3, qa_max_length=128, qa_doc_stride=32, progress=False,
+                      eval_every_epoch=False))
 
 
 class ControlledBackend:
