@@ -89,7 +89,7 @@ class BertzooServer:
         # on a busy port must fail, not silently share it. gRPC's own receive limit sits above ours, so a request
         # over ours reaches the interceptor, which answers and counts it; gRPC itself refuses (uncounted) only what
         # is more than 4 times over, without buffering it.
-        # Clients' keepalive pings (every 30 s by default, serving/client.py) are welcome, even between calls.
+        # Clients' keepalive pings (every 30 s by default, serving/client_channel.py) are welcome, even between calls.
         server = grpc.aio.server(interceptors=interceptors, options=[
             ("grpc.so_reuseport", int(self._share_port)), ("grpc.max_receive_message_length", 4 * config.message_limit),
             ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.min_recv_ping_interval_without_data_ms", 10000)])
