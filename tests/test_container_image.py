@@ -44,15 +44,17 @@ def podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.C
     return result
 
 
-def require_image() -> None:
-    """Skip (fail in CI) when podman or the image is missing."""
+@pytest.fixture(scope="session")
+def image() -> str:
+    """The image's name; a skip (in CI a failure) where podman or the image is missing, before the artifact is built
+    (a session fixture named before tiny_artifact is set up before it)."""
     in_ci = os.environ.get("CI") == "true"
     if shutil.which("podman") is None:
         reason = f"podman is not installed ({BUILD} installs it and builds the image)"
     elif podman("image", "exists", IMAGE, check=False).returncode != 0:
         reason = f"the image {IMAGE} is not built ({BUILD} builds it)"
     else:
-        return
+        return IMAGE
     if in_ci:
         pytest.fail(f"CI: {reason}")
     pytest.skip(reason)
@@ -91,8 +93,7 @@ def metrics_text(port: int) -> str:
         return reply.read().decode()
 
 
-def test_cpu_image_serves_every_rpc_through_published_ports_and_drains_on_sigterm(tiny_artifact, tmp_path):
-    require_image()
+def test_cpu_image_serves_every_rpc_through_published_ports_and_drains_on_sigterm(image, tiny_artifact, tmp_path):
     _, artifact = tiny_artifact
     model = readable_copy(artifact, tmp_path / "model")
     name = f"bertzoo-test-{uuid.uuid4().hex[:10]}"
@@ -106,7 +107,7 @@ def test_cpu_image_serves_every_rpc_through_published_ports_and_drains_on_sigter
                "--env", f"BERTZOO_SHUTDOWN_GRACE={SHUTDOWN_GRACE}",
                # No timer runs the HEALTHCHECK (no systemd here): this test runs it with `podman healthcheck run`.
                "--health-interval", "disable",
-               IMAGE)
+               image)
         # The image's own HEALTHCHECK (kept by --format docker), not one of ours.
         healthcheck = podman("inspect", name, "--format", "{{json .Config.Healthcheck.Test}}").stdout
         assert '"bertzoo","client","health"' in healthcheck.replace(" ", ""), healthcheck
