@@ -56,7 +56,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("artifact")
     parser.add_argument("--data", default=None)
-    parser.add_argument("--variants", nargs="+", default=["fp32", "int8"])
+    parser.add_argument("--variants", nargs="+", default=["fp32", "int8"], help="auto: no engine flags at all")
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--json", default=None)
     argv = sys.argv[1:]
@@ -66,7 +66,8 @@ def main() -> None:
     results = {"machine": machine(), "requests": len(texts), "serve_flags": argv[split + 1:], "variants": {}}
     print(json.dumps(results["machine"]), flush=True)
     for variant in args.variants:
-        row = lone_requests(args.artifact, ["--variant", variant, *argv[split + 1:]], texts)
+        flags = [] if variant == "auto" else ["--variant", variant]  # auto: what `bertzoo serve ARTIFACT` picks
+        row = lone_requests(args.artifact, [*flags, *argv[split + 1:]], texts)
         results["variants"][variant] = row
         print(f"{variant:10} client {row['client']:.2f} ms | server total {row['total']:.2f}, queue {row['queue']:.2f}, "
               f"tokenize {row['tokenize']:.2f}, inference {row['inference']:.2f} | client - inference "
