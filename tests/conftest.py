@@ -135,6 +135,22 @@ def train_tiny_run(out_dir: Path) -> None:
                       eval_every_epoch=False))
 
 
+TINY_SERVER_MAX_ITEMS = 8
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_artifact):
+    """(running ServerThread, client) of the tiny artifact, at most TINY_SERVER_MAX_ITEMS items a request: one per
+    test module that only calls it (fuzzing, the command-line client)."""
+    from bertzoo.serving.client import BertzooClient
+    from bertzoo.serving.grpc_server import ServerThread
+
+    _, artifact = tiny_artifact
+    with ServerThread(serve_config(artifact, max_items=TINY_SERVER_MAX_ITEMS)) as running, \
+            BertzooClient(f"127.0.0.1:{running.port}") as client:
+        yield running, client
+
+
 class ControlledBackend:
     """Wraps the real backend: a delay per encoder pass, a one-shot failure, and the batch size of every pass."""
 

@@ -9,22 +9,10 @@ from click.testing import CliRunner
 
 from bertzoo.cli import main
 from bertzoo.serving.client import BertzooClient
-from bertzoo.serving.grpc_server import ServerThread
-from conftest import serve_config
-
-MAX_ITEMS = 8
 
 
-@pytest.fixture(scope="module")
-def server(tiny_artifact):
-    _, artifact = tiny_artifact
-    with ServerThread(serve_config(artifact, max_items=MAX_ITEMS)) as running, \
-            BertzooClient(f"127.0.0.1:{running.port}") as client:
-        yield running, client
-
-
-def test_cli_client_and_bench_serve(server, tmp_path):
-    running, _ = server
+def test_cli_client_and_bench_serve(tiny_server, tmp_path):
+    running, _ = tiny_server
     target = ["--target", f"127.0.0.1:{running.port}"]
     runner = CliRunner()
     result = runner.invoke(main, ["client", "sentiment", "a lovely film", *target])
@@ -44,8 +32,8 @@ def test_cli_client_and_bench_serve(server, tmp_path):
     assert "throughput" in result.output and "p99" in result.output
 
 
-def test_cli_client_answers_a_file_one_json_line_per_input_in_order(server, tmp_path):
-    running, _ = server
+def test_cli_client_answers_a_file_one_json_line_per_input_in_order(tiny_server, tmp_path):
+    running, _ = tiny_server
     target = ["--target", f"127.0.0.1:{running.port}"]
     texts = tmp_path / "reviews.txt"
     # a blank line (skipped), and a text over the server's max_text_chars (refused alone)

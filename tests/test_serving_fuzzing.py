@@ -11,18 +11,8 @@ from hypothesis import strategies as st
 
 from bertzoo.serving.client import BertzooClient
 from bertzoo.serving.grpc_server import ServerThread
+from conftest import TINY_SERVER_MAX_ITEMS as MAX_ITEMS
 from conftest import serve_config
-
-MAX_ITEMS = 8
-
-
-@pytest.fixture(scope="module")
-def server(tiny_artifact):
-    _, artifact = tiny_artifact
-    with ServerThread(serve_config(artifact, max_items=MAX_ITEMS)) as running, \
-            BertzooClient(f"127.0.0.1:{running.port}") as client:
-        yield running, client
-
 
 TEXTS = st.one_of(
     st.text(max_size=60),
@@ -42,8 +32,8 @@ def fuzz_requests(draw):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(request=fuzz_requests())
-def test_fuzzed_requests_get_an_answer_or_invalid_argument_and_never_hurt_the_server(server, request):
-    _, client = server
+def test_fuzzed_requests_get_an_answer_or_invalid_argument_and_never_hurt_the_server(tiny_server, request):
+    _, client = tiny_server
     rpc, items = request
     try:
         response = getattr(client, rpc)(items)
@@ -59,8 +49,8 @@ def test_fuzzed_requests_get_an_answer_or_invalid_argument_and_never_hurt_the_se
 
 @settings(max_examples=40, deadline=None)
 @given(raw=st.binary(max_size=300), method=st.sampled_from(["Sentiment", "Paraphrase", "Similarity", "QA", "Embed"]))
-def test_undecodable_bytes_never_hurt_the_server(server, raw, method):
-    _, client = server
+def test_undecodable_bytes_never_hurt_the_server(tiny_server, raw, method):
+    _, client = tiny_server
     call = client.channel.unary_unary(f"/bertzoo.v1.Bertzoo/{method}")  # no serializers: raw bytes in and out
     try:
         call(raw, timeout=10)
@@ -84,8 +74,8 @@ def test_malformed_health_checks_are_invalid_argument_without_a_traceback(tiny_a
     assert not [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
 
 
-def test_the_server_is_unharmed_after_the_fuzzing(server):
-    running, client = server
+def test_the_server_is_unharmed_after_the_fuzzing(tiny_server):
+    running, client = tiny_server
     assert client.health() == "SERVING" and client.sentiment(["still here"]).results
     codes = {s.labels["code"] for family in running.metrics.registry.collect() for s in family.samples
              if s.name == "bertzoo_request_failures_total"}
