@@ -106,10 +106,15 @@ class EngineLink:
         return job
 
     def _forget(self, job_id: int) -> None:
-        """A cancelled call: tell the engine, so its items leave the queue unrun."""
-        if self._pending.pop(job_id, None) is not None and self._lost is None:
-            self._cancelled.append(job_id)
-            self._schedule_flush()
+        """A cancelled call: tell the engine, so its items leave the queue unrun (or, not sent yet, never send it)."""
+        if self._pending.pop(job_id, None) is None or self._lost is not None:
+            return
+        unsent = [request for request in self._outbox if request.job_id != job_id]
+        if len(unsent) < len(self._outbox):
+            self._outbox = unsent
+            return
+        self._cancelled.append(job_id)
+        self._schedule_flush()
 
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:

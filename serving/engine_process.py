@@ -72,9 +72,6 @@ class EngineHost:
     def _take(self, peer: bytes, frames: list[bytes]) -> None:
         assert self._lanes is not None
         requests, cancelled = hops.unpack_jobs(frames)
-        for job_id in cancelled:
-            if (job := self._jobs.pop((peer, job_id), None)) is not None:
-                job.future.cancel()  # the batcher takes its waiting items out of the queue
         for request in requests:
             lane = self._lanes.long if request.lane == "long" else self._lanes.main
             try:
@@ -84,6 +81,9 @@ class EngineHost:
                 continue
             self._jobs[(peer, request.job_id)] = job
             job.future.add_done_callback(partial(self._finished, peer, request.job_id, job))
+        for job_id in cancelled:  # after the requests: a hop may carry a job and its cancellation
+            if (job := self._jobs.pop((peer, job_id), None)) is not None:
+                job.future.cancel()  # the batcher takes its waiting items out of the queue
 
     def _finished(self, peer: bytes, job_id: int, job: Job, future: asyncio.Future) -> None:
         self._jobs.pop((peer, job_id), None)
