@@ -81,9 +81,8 @@ def frontend_main(config: ServeConfig, address: str, log_levels: dict[str, int],
 class Supervisor:
     """The parent: starts the engine and the front ends, restarts front ends, stops everything in order."""
 
-    def __init__(self, config: ServeConfig, frontends: int, run_dir: Path) -> None:
+    def __init__(self, config: ServeConfig, run_dir: Path) -> None:
         self.config = config
-        self.count = frontends
         self.run_dir = run_dir
         self.address = f"ipc://{run_dir / 'engine.sock'}"
         self._context = multiprocessing.get_context("spawn")
@@ -108,7 +107,7 @@ class Supervisor:
         reader.close()
         # The front ends bind the port this process holds; their metrics go through this process's endpoint.
         self._frontend_config = dataclasses.replace(self.config, port=port, metrics_port=0)
-        for index in range(self.count):
+        for index in range(self.config.frontends):
             self._start_frontend(index)
 
     def _start_frontend(self, index: int) -> None:
@@ -173,18 +172,17 @@ class Supervisor:
 
 def run_with_frontends(config: ServeConfig) -> int:
     """Serve with ``config.frontends`` front-end processes until SIGTERM or SIGINT; returns the exit code."""
-    frontends = config.frontends
     from .metrics import merged_registry, serve_metrics
     from .ports import hold_port
 
-    log.info("effective config: %s; %d front ends", json.dumps(config.for_log(), sort_keys=True), frontends)
+    log.info("effective config: %s", json.dumps(config.for_log(), sort_keys=True))
     with tempfile.TemporaryDirectory(prefix="bertzoo-serve-") as run_dir:
         metrics_dir = Path(run_dir) / "metrics"
         metrics_dir.mkdir()
         # Read by prometheus_client in each child at import: their series go to files the parent's endpoint merges.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
         holder, port = hold_port(config.host, config.port, "--port")
-        supervisor = Supervisor(config, frontends, Path(run_dir))
+        supervisor = Supervisor(config, Path(run_dir))
         wake_reader, wake_writer = socket.socketpair()
         previous = {sig: signal.signal(sig, lambda *_: wake_writer.send(b"x")) for sig in (signal.SIGTERM,
                                                                                              signal.SIGINT)}
@@ -195,7 +193,7 @@ def run_with_frontends(config: ServeConfig) -> int:
                 http = serve_metrics(merged_registry(str(metrics_dir), supervisor.pids), config.metrics_host,
                                      config.metrics_port)
             supervisor.start(port)
-            log.info("%d front ends on port %d, engine process %d, run directory %s", frontends, port,
+            log.info("%d front ends on port %d, engine process %d, run directory %s", config.frontends, port,
                      supervisor.engine.pid, run_dir)
             code = supervisor.watch(wake_reader)
             if code == 0:
