@@ -28,7 +28,7 @@ import numpy as np
 
 from bertzoo import pipeline
 from bertzoo.datafiles import load_split
-from bertzoo.qa import SpanPrediction, best_null_threshold, squad_metrics, with_null_threshold
+from bertzoo.qa import SpanPrediction, abstainer_auc, best_null_threshold, squad_metrics, with_null_threshold
 from bertzoo.serving.backends import create_backend
 from bertzoo.tokenization import Tokenizer
 from bertzoo.trainer.calibration import hold_out_articles
@@ -74,12 +74,9 @@ def answerability(examples, margins: dict[str, float], forced: dict[str, float],
     when answered with its forced span."""
     impossible = np.array([e.is_impossible for e in examples])
     margin = np.array([margins[e.id] for e in examples])
-    unanswerable, answerable = margin[impossible], np.sort(margin[~impossible])
-    n1, n2 = len(unanswerable), len(answerable)
-    # Mann-Whitney: the share of (unanswerable, answerable) pairs whose margins are in the right order, ties half.
-    below = np.searchsorted(answerable, unanswerable, "left")
-    tied = np.searchsorted(answerable, unanswerable, "right") - below
-    auc = (below + tied / 2).sum() / (n1 * n2) if n1 and n2 else float("nan")
+    n1 = int(impossible.sum())
+    n2 = len(examples) - n1
+    auc = abstainer_auc(margins, examples)
     reader_f1 = forced["HasAns_f1"]
     # Every threshold at once: answer the questions whose margin is at most it (the rule of with_null_threshold).
     order = np.argsort(margin, kind="stable")

@@ -180,6 +180,23 @@ def best_null_threshold(
     return out
 
 
+def abstainer_auc(null_margins: Mapping[str, float], examples: Sequence[QAExampleLike]) -> float:
+    """How well ``null_score - score`` ranks the unanswerable questions above the answerable ones, whatever the
+    threshold: the ROC AUC (0.5 chance, 1.0 perfect; ties count half), over the questions that have a margin. NaN
+    with one class only."""
+    labelled = [(null_margins[ex.id], bool(ex.is_impossible)) for ex in examples if ex.id in null_margins]
+    n_no = sum(unanswerable for _, unanswerable in labelled)
+    n_has = len(labelled) - n_no
+    if not n_no or not n_has:
+        return float("nan")
+    margins = np.array([m for m, _ in labelled], dtype=np.float64)
+    values, inverse, counts = np.unique(margins, return_inverse=True, return_counts=True)
+    average_rank = np.cumsum(counts) - (counts - 1) / 2.0  # 1-based; tied margins share their mean rank
+    ranks = average_rank[inverse]
+    rank_sum = float(ranks[[unanswerable for _, unanswerable in labelled]].sum())
+    return (rank_sum - n_no * (n_no + 1) / 2.0) / (n_no * n_has)
+
+
 # ---------------------------------------------------------------------------- span decoding
 
 

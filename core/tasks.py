@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .data import PairExample, QAExample, SentenceExample
-from .qa import SpanPrediction, best_null_threshold, decode_span, squad_metrics, with_null_threshold
+from .qa import SpanPrediction, abstainer_auc, best_null_threshold, decode_span, squad_metrics, with_null_threshold
 from .tokenization import Encoding, QAWindow, Tokenizer
 
 TASK_NAMES = ("sentiment", "paraphrase", "similarity", "qa")
@@ -208,12 +208,17 @@ def score_similarity(scores: Sequence[float], examples: Sequence[PairExample]) -
 def score_qa(spans: dict[str, SpanPrediction], examples: Sequence[QAExample], null_threshold: float = 0.0
              ) -> dict[str, float]:
     """Official SQuAD EM/F1 (percent) of forced spans (decoded with ``allow_impossible=False``) at the given
-    no-answer threshold; for SQuAD 2.0 data also the official best-threshold scores, and the always-no-answer
-    baseline on the same questions for context."""
+    no-answer threshold; for SQuAD 2.0 data also the official best-threshold scores, the abstainer's ROC AUC, the
+    answerable questions' F1 when every question is answered (the reader without the abstainer), and the
+    always-no-answer baseline on the same questions for context."""
     metrics = squad_metrics({i: with_null_threshold(s, null_threshold).answer for i, s in spans.items()}, examples)
     if any(e.is_impossible for e in examples):
         metrics["null_threshold"] = null_threshold  # the one used above: the checkpoint's, unless overridden
-        metrics.update(best_null_threshold({i: s.answer for i, s in spans.items()},
-                                           {i: s.null_score - s.score for i, s in spans.items()}, examples))
+        margins = {i: s.null_score - s.score for i, s in spans.items()}
+        metrics.update(best_null_threshold({i: s.answer for i, s in spans.items()}, margins, examples))
+        metrics["abstain_auc"] = abstainer_auc(margins, examples)
+        answerable = [e for e in examples if not e.is_impossible]
+        if answerable:
+            metrics["HasAns_f1_answering_all"] = squad_metrics({i: s.answer for i, s in spans.items()}, answerable)["f1"]
     metrics["no_answer_baseline_f1"] = 100.0 * float(np.mean([e.is_impossible for e in examples])) if examples else 0.0
     return metrics

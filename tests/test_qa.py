@@ -253,3 +253,18 @@ def test_best_null_threshold_matches_a_hand_sweep():
     got = best_null_threshold(texts, margins, examples)
     assert got["best_exact"] == 75.0 and got["best_exact_threshold"] == -2.0
     assert got["best_f1"] == 75.0 and got["best_f1_threshold"] == -2.0
+
+
+def test_abstainer_auc_counts_ordered_pairs_and_half_the_ties():
+    from types import SimpleNamespace as NS
+
+    from bertzoo.qa import abstainer_auc
+
+    examples = [NS(id="a", answers=("Paris",), is_impossible=False), NS(id="b", answers=(), is_impossible=True),
+                NS(id="c", answers=("1889",), is_impossible=False), NS(id="d", answers=(), is_impossible=True),
+                NS(id="e", answers=(), is_impossible=True)]
+    # Unanswerable b (-1), d (3), e (0.5) against answerable a (-2), c (0.5): b>a, d>a, d>c, e>a; b<c; e=c (half).
+    margins = {"a": -2.0, "b": -1.0, "c": 0.5, "d": 3.0, "e": 0.5}
+    assert abstainer_auc(margins, examples) == pytest.approx(4.5 / 6)
+    assert abstainer_auc({"a": 0.0, "c": 1.0}, examples) != abstainer_auc({"a": 0.0, "c": 1.0}, examples)  # NaN
+    assert abstainer_auc({"a": -5.0, "c": -4.0, "b": 1.0, "d": 2.0, "e": 3.0}, examples) == 1.0
