@@ -91,6 +91,18 @@ def stat_cpu_seconds(stat: Path) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu_seconds(pid: int) -> dict[int, tuple[str, float]]:
+    """Each live thread of process ``pid``: its id -> (its name, user + system CPU seconds). The main thread's id is
+    ``pid``; threads that Python starts carry the process's name, native ones (gRPC's, an engine's) often their own."""
+    threads = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            threads[int(task.name)] = ((task / "comm").read_text().strip(), stat_cpu_seconds(task / "stat"))
+        except FileNotFoundError:  # the thread ended meanwhile
+            pass
+    return threads
+
+
 def memory_mb(pid: int) -> dict[str, float]:
     """Resident memory now (VmRSS) and at its peak (VmHWM), MB."""
     status = Path(f"/proc/{pid}/status").read_text()

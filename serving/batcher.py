@@ -169,6 +169,13 @@ class Batcher:
 
     # ------------------------------------------------------------------ requests
 
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the batcher was started on (kept: on Python 3.11 each asyncio.get_running_loop() costs a
+        getpid system call, several per request)."""
+        if self._loop is None:
+            raise RuntimeError("the batcher is not started; call start() from the event loop first")
+        return self._loop
+
     @property
     def waiting(self) -> int:
         """Requests waiting in the queue (what ``max_queue`` bounds)."""
@@ -187,7 +194,7 @@ class Batcher:
         self.check_room()
         if not works:
             raise ValueError("a request needs at least one item")
-        loop = asyncio.get_running_loop()
+        loop = self._running_loop()
         job = Job(works, None if timeout is None else loop.time() + timeout, loop.create_future(),
                   outputs=[None] * len(works), remaining=len(works), queued=len(works))
         now = loop.time()
@@ -200,6 +207,10 @@ class Batcher:
         self._waiting_jobs += 1
         job.future.add_done_callback(lambda f: self._forget(job) if f.cancelled() or f.exception() else None)
         self._changed()
+        if not self._in_flight and self._idle_instances and self._settings.max_queue_delay_ms <= 0:
+            # An idle engine starts a lone request's batch now rather than a loop turn later, when the scheduler's
+            # task runs: a one-request batch is what it would cut then too, unless another request came in that turn.
+            self._dispatch_ready()
         return job
 
     def _forget(self, job: Job) -> None:
@@ -254,7 +265,7 @@ class Batcher:
 
     def _dispatch_ready(self) -> float | None:
         """Hand the worker every batch it should get now; returns how long to sleep (None: until woken)."""
-        loop = asyncio.get_running_loop()
+        loop = self._running_loop()
         # One batch per instance running, and one more cut and padded, waiting for the first instance to free.
         while self._waiting_rows and self._in_flight <= self._instance_count:
             oldest = self._oldest()
@@ -331,12 +342,13 @@ class Batcher:
                 outcome = self._compute(run, batch)
             except Exception as e:  # the backend failed: only this batch's requests fail
                 outcome = e
-            self._loop.call_soon_threadsafe(self._finished, batch, outcome)
             try:
-                batch = self._staged.popleft()
-            except IndexError:
-                break
-        self._loop.call_soon_threadsafe(self._release, instance)
+                staged = self._staged.popleft()
+            except IndexError:  # the last batch's outcome and the instance go back in one wake-up of the loop
+                self._loop.call_soon_threadsafe(self._finished_last, batch, outcome, instance)
+                return
+            self._loop.call_soon_threadsafe(self._finished, batch, outcome)
+            batch = staged
 
     def _compute(self, run: BatchRunner, batch: _Batch) -> tuple[list, float, float] | None:
         """Run the batch; None when all of its requests were cancelled or expired while it waited for the worker
@@ -377,6 +389,11 @@ class Batcher:
         finally:
             self._in_flight -= 1
             self._wake.set()
+
+    def _finished_last(self, batch: _Batch, outcome: tuple[list, float, float] | Exception | None,
+                       instance: Instance) -> None:
+        self._finished(batch, outcome)
+        self._release(instance)
 
     def _deliver(self, batch: _Batch, outputs: list, started: float, ended: float) -> None:
         for item, output in zip(batch.items, outputs, strict=True):

@@ -84,6 +84,8 @@ class BertzooServer:
         interceptors: list[grpc.aio.ServerInterceptor] = []
         if config.auth_token:
             interceptors.append(BearerTokenInterceptor(config.auth_token, OPEN_METHODS, self._count_refused))
+        # Last in the chain: it keeps each method's guarded handler, so whatever runs per call (the token check)
+        # must come before it.
         interceptors.append(MalformedRequestInterceptor(self._count_refused, config.message_limit))
         # SO_REUSEPORT off, except among one server's own front ends (whose parent holds the port): a second server
         # on a busy port must fail, not silently share it. gRPC's own receive limit sits above ours, so a request

@@ -86,6 +86,18 @@ def test_requests_waiting_behind_a_running_batch_share_the_next_one(pad_to, widt
     assert runner.batches[1][1] == (6, width)
 
 
+def test_an_idle_engine_starts_a_lone_request_within_submit():
+    """No event-loop turn between a lone request's arrival and its batch reaching the worker."""
+    runner = Runner()
+
+    async def scenario(batcher: Batcher):
+        job = batcher.submit([sentence(5, marker=1)])
+        started = batcher._in_flight
+        return started, await job.future
+
+    assert run(scenario, runner) == (1, [10])
+
+
 def test_batches_respect_size_and_token_limits_and_keep_an_oversized_item_whole():
     runner = Runner()
 

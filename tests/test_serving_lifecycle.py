@@ -40,6 +40,10 @@ def test_tls_with_a_bearer_token_and_open_health_checks(tiny_artifact, tmp_path)
                 with pytest.raises(grpc.RpcError) as error:
                     client.model_info()
                 assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                # Sentiment's handler was used above with the right token: each call is still checked.
+                with pytest.raises(grpc.RpcError) as error:
+                    client.sentiment(["over TLS"])
+                assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
         with BertzooClient(target, timeout=3) as plaintext:
             with pytest.raises(grpc.RpcError) as error:
                 plaintext.health()
