@@ -147,7 +147,8 @@ class SimilarityResult:
 
 def postprocess_sentiment(logits: np.ndarray, spec: TaskSpec) -> list[SentimentResult]:
     probs = softmax(logits)
-    return [SentimentResult(spec.labels[int(p.argmax())], int(p.argmax()), tuple(map(float, p))) for p in probs]
+    best = probs.argmax(axis=-1).tolist()  # whole-array numpy calls: a lone request pays each call's overhead once
+    return [SentimentResult(spec.labels[b], b, tuple(p)) for b, p in zip(best, probs.tolist(), strict=True)]
 
 
 def postprocess_paraphrase(logits: np.ndarray) -> np.ndarray:
