@@ -190,7 +190,7 @@ def abstainer_auc(null_margins: Mapping[str, float], examples: Sequence[QAExampl
     if not n_no or not n_has:
         return float("nan")
     margins = np.array([m for m, _ in labelled], dtype=np.float64)
-    values, inverse, counts = np.unique(margins, return_inverse=True, return_counts=True)
+    _, inverse, counts = np.unique(margins, return_inverse=True, return_counts=True)
     average_rank = np.cumsum(counts) - (counts - 1) / 2.0  # 1-based; tied margins share their mean rank
     ranks = average_rank[inverse]
     rank_sum = float(ranks[[unanswerable for _, unanswerable in labelled]].sum())

@@ -215,11 +215,12 @@ def score_qa(spans: dict[str, SpanPrediction], examples: Sequence[QAExample], nu
     metrics = squad_metrics({i: with_null_threshold(s, null_threshold).answer for i, s in spans.items()}, examples)
     if any(e.is_impossible for e in examples):
         metrics["null_threshold"] = null_threshold  # the one used above: the checkpoint's, unless overridden
+        forced = {i: s.answer for i, s in spans.items()}
         margins = {i: s.null_score - s.score for i, s in spans.items()}
-        metrics.update(best_null_threshold({i: s.answer for i, s in spans.items()}, margins, examples))
+        metrics.update(best_null_threshold(forced, margins, examples))
         metrics["abstain_auc"] = abstainer_auc(margins, examples)
         answerable = [e for e in examples if not e.is_impossible]
         if answerable:
-            metrics["HasAns_f1_answering_all"] = squad_metrics({i: s.answer for i, s in spans.items()}, answerable)["f1"]
+            metrics["HasAns_f1_answering_all"] = squad_metrics(forced, answerable)["f1"]
     metrics["no_answer_baseline_f1"] = 100.0 * float(np.mean([e.is_impossible for e in examples])) if examples else 0.0
     return metrics

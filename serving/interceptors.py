@@ -86,7 +86,7 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
         self._max_bytes = max_bytes
         # The guarded handler of each method, made at its first call: it depends on the method alone, and building it
         # anew for every call was a measurable share of a lone request's event-loop time.
-        self._guarded: dict[str, grpc.RpcMethodHandler | None] = {}
+        self._guarded: dict[str, grpc.RpcMethodHandler] = {}
 
     def _parse(self, method: str, parse: Callable[[bytes], object], raw: bytes) -> object:
         """The message in ``raw``, or :class:`BadMessage` with the status that says what is wrong with it."""
