@@ -376,7 +376,7 @@ class Batcher:
     def _finished(self, batch: _Batch, outcome: tuple[list, float, float] | Exception | None) -> None:
         try:
             if outcome is None:  # cut ahead of time, and by its turn nobody waited for it any more
-                self._expire(batch, asyncio.get_running_loop().time())
+                self._expire(batch, self._running_loop().time())
             elif isinstance(outcome, Exception):
                 log.error("batch of %d sequences (bucket %d) failed", batch.rows, batch.bucket, exc_info=outcome)
                 self._fail(batch, BackendFailure(f"the model failed on this request's batch ({type(outcome).__name__})"))
