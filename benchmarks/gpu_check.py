@@ -295,23 +295,28 @@ def resident_states(artifact: Path, sentences: list[str]) -> dict:
     return result
 
 
-def served(run: str, sentences: list[str], work: Path) -> dict:
-    """`bertzoo serve` (torch, fp16, CUDA graphs) in a process of its own; the load generator in another."""
+def cuda_ceiling(run: str, sentences: list[str]) -> float:
+    """Sentiment sentences/s of the torch engine in this process as `bertzoo serve --device cuda` runs it (fp16, CUDA
+    graphs, batches of 64, the server's largest): the in-process ceiling a server on the GPU is held against."""
     from bertzoo.serving.backends import create_backend
-    from bertzoo.serving.client import BertzooClient
-    from bertzoo.tasks import Limits
 
     model, tokenizer, config, _ = load_run(run)
     backend = create_backend("torch", model.cuda().eval(), device="cuda", precision="fp16", cuda_graphs=True)
     examples = [SentenceExample(str(i), s, None) for i, s in enumerate(sentences)]
-    limits: Limits = config.limits
     for _ in range(2):  # the first pass captures the graphs
         started = time.perf_counter()
-        pipeline.predict(backend, "sentiment", examples, tokenizer, limits, 64)
+        pipeline.predict(backend, "sentiment", examples, tokenizer, config.limits, 64)
     ceiling = len(examples) / (time.perf_counter() - started)
     del backend, model
     torch.cuda.empty_cache()
+    return ceiling
 
+
+def served(run: str, sentences: list[str], work: Path) -> dict:
+    """`bertzoo serve` (torch, fp16, CUDA graphs) in a process of its own; the load generator in another."""
+    from bertzoo.serving.client import BertzooClient
+
+    ceiling = cuda_ceiling(run, sentences)
     port = 50000 + os.getpid() % 10000
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cli = [sys.executable, "-c", "from bertzoo.cli import main; main()"]
@@ -349,7 +354,8 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="Work directory (artifacts, profiles, server log).")
     parser.add_argument("--parity-limit", type=int, default=300)
     parser.add_argument("--json", default=None)
-    parser.add_argument("--skip", default="", help="Comma-separated sections to skip: ort, serve, ssaf.")
+    parser.add_argument("--skip", default="",
+                        help="Comma-separated sections to skip: torch (its backend rows), ort, serve, ssaf.")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     if not torch.cuda.is_available():
@@ -373,7 +379,7 @@ def main() -> None:
     for label, source in (("softmax", str(directory)), ("ssaf", str(ssaf))):
         if label == "ssaf" and "ssaf" in skip:
             continue
-        backends = torch_backends(source)
+        backends = torch_backends(source) if "torch" not in skip else {}
         if "ort" not in skip:
             @check(f"export {label} (CPU)")
             def export(source=source, label=label) -> dict:

@@ -30,12 +30,8 @@
 #                     logs to $OUT (again in a later call, while the machine is warm, for the runs still going)
 #   amx [S]           (beside `claims`, on cores 14-15) where the host CPU has AMX: zoo_step_cost.py's fp32 and bf16
 #                     training steps on 2 of its cores and no GPU, as on the 2-core development VMs
-#   frontends         (after `wait` and `check`, ~6 min) `bertzoo serve RUN --backend torch --device cuda
-#                     --frontends N` for N = 1, 4, 8, 12: Sentiment from 4 `bench-serve` processes x 64 clients, 20 s
-#                     each, and a lone client's p50 (benchmarks/lone_request.py); the in-process ceiling to hold them
-#                     against is gpu_check.json's. Then OpenVINO bf16 (AMX) on 2 and on all host cores, through
-#                     benchmarks/lone_request.py's server flags. Prepared and checked on the CPU only: never run on a
-#                     GPU yet.
+#
+# `bertzoo serve` on the GPU (front ends, a lone request, OpenVINO on the host's AMX): benchmarks/gpu_serving.sh.
 set -uo pipefail
 S=/scratch
 ORT_WHEEL=onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl
@@ -285,35 +281,5 @@ amx)
   ;;
 *)
   echo "unknown step ${1:-}; see the header of $0" >&2; exit 2
-  ;;
-frontends)
-  # One-sentence Sentiment, the SST dev set; every result to $OUT/frontends/.
-  mkdir -p "$OUT/frontends"
-  for n in 1 4 8 12; do
-    (cd /tmp && python3 -m bertzoo.cli serve $S/run --backend torch --device cuda --frontends $n --host 127.0.0.1 \
-      --port 50051 --metrics-port 9400 > "$OUT/frontends/serve-$n.log" 2>&1) &
-    server=$!
-    python3 -m bertzoo.cli client health --target 127.0.0.1:50051 --wait 300 > /dev/null || { kill $server; continue; }
-    for k in 1 2 3 4; do
-      python3 -m bertzoo.cli bench-serve --target 127.0.0.1:50051 --input $S/data/ids-sst-dev.csv --concurrency 64 \
-        --duration 20 --json-out "$OUT/frontends/load-$n-$k.json" > /dev/null 2>&1 &
-    done
-    wait $(jobs -p | grep -v "^$server$")
-    curl -s localhost:9400/metrics > "$OUT/frontends/metrics-$n.txt"
-    kill -TERM $server; wait $server
-    python3 - "$OUT/frontends" $n <<'PY'
-import json, pathlib, sys
-rows = [json.loads(p.read_text()) for p in pathlib.Path(sys.argv[1]).glob(f"load-{sys.argv[2]}-*.json")]
-print(f"frontends {sys.argv[2]}: {sum(r.get('requests_per_s', 0) for r in rows):.0f} requests/s over {len(rows)} loads")
-PY
-  done
-  (cd "$R/benchmarks" && python3 lone_request.py $S/run --data $S/data/ids-sst-dev.csv --variants fp32 \
-    --json "$OUT/frontends/lone_request_torch_cuda.json" -- --backend torch --device cuda) | tail -2
-  # OpenVINO bf16 on the host's AMX: on 2 cores (taskset) and on all of them.
-  art=$S/check/artifact-softmax
-  (cd "$R/benchmarks" && taskset -c 0,1 python3 lone_request.py $art --data $S/data/ids-sst-dev.csv --variants fp32 \
-    --json "$OUT/frontends/lone_openvino_2cores.json" -- --backend openvino) | tail -1
-  (cd "$R/benchmarks" && python3 lone_request.py $art --data $S/data/ids-sst-dev.csv --variants fp32 \
-    --json "$OUT/frontends/lone_openvino_all.json" -- --backend openvino) | tail -1
   ;;
 esac

@@ -11,6 +11,10 @@
    of the load generator.
 2. With --artifact (a real model's `bertzoo export --int8` output): each of --variants under the same load, against
    its in-process ceiling (served_variants.in_process_ceiling), with one and two engine instances, at each N.
+4. With --run (a `bertzoo train` checkpoint) on a GPU: the torch engine on CUDA (fp16, CUDA graphs) served at each N
+   of --frontends under --gpu-concurrency connections, against that engine's in-process ceiling on the same sentences
+   (gpu_check.cuda_ceiling); then a lone request (benchmarks/lone_request.py) with N = 1 and with `auto`, of one SST
+   sentence and of one 128-token text. Runs first, before the probe.
 3. With --artifact and --defaults: Embed, `bertzoo serve ARTIFACT` with no engine flags (what `auto` picks here)
    against the old defaults (ONNX Runtime fp32, one instance, one process) and, with --infinity, the peer
    infinity-emb at each of its CPU engines under the same h2load load (serve_h2load.infinity_h2load_rows).
@@ -29,7 +33,7 @@ import time
 from pathlib import Path
 
 from processes import free_port, start_bertzoo, stat_cpu_seconds, stop
-from serve_h2load import RPC, grpc_bodies, h2load, infinity_h2load_rows, ok_answers, quantile_sentences
+from serve_h2load import RPC, grpc_bodies, h2load, infinity_h2load_rows, ok_answers, quantile_sentences, quantiles_by_length
 from served_variants import VARIANTS, in_process_ceiling
 from timing import machine
 
@@ -102,6 +106,33 @@ def served(artifact: str, flags: list[str], sentences: list[str], args: argparse
             "load_generator_ms_per_request": 1000 * summary["load_generator_cores"] * wall / answered}
 
 
+def gpu_rows(args: argparse.Namespace, texts: list[str], workdir: Path) -> dict:
+    """Part 4: the checkpoint --run on CUDA at each N against its in-process ceiling, and a lone request's p50."""
+    from gpu_check import cuda_ceiling, load_run
+    from lone_request import lone_requests
+
+    _, tokenizer, config, _ = load_run(args.run)
+    sentences = quantiles_by_length(tokenizer, texts, config.limits.max_seq_length, args.groups)
+    ceiling = cuda_ceiling(args.run, sentences * (1100 // len(sentences)))
+    print(f"torch CUDA fp16: in-process ceiling {ceiling:.1f}/s", flush=True)
+    out: dict = {"ceiling_per_s": ceiling, "concurrency": args.gpu_concurrency, "rows": [], "lone": {}}
+    engine = ["--backend", "torch", "--device", "cuda"]
+    load = argparse.Namespace(**{**vars(args), "concurrency": args.gpu_concurrency})
+    for n in args.frontends:
+        row = served(args.run, [*engine, "--frontends", str(n)], sentences, load, workdir)
+        out["rows"].append({"frontends": n, **row})
+        print(line(f"torch CUDA, frontends {n}", row, ceiling), flush=True)
+    s128 = " ".join(texts[:40])[:2000]  # cut to the model's 128 tokens by the server, as in gpu_check.served
+    for name, flags in (("frontends 1", ["--frontends", "1"]), ("auto", [])):
+        for label, lone_texts in (("one sentence", texts[:400]), ("s128", [s128] * 400)):
+            found = lone_requests(args.run, [*engine, *flags], lone_texts)
+            out["lone"][f"{name}, {label}"] = found
+            print(f"lone request, {name}, {label}: client p50 {found['client']:.3f} ms, inference "
+                  f"{found['inference']:.3f} ms, client - inference {found['client_minus_inference']:.3f} ms",
+                  flush=True)
+    return out
+
+
 def line(name: str, row: dict, ceiling: float | None = None) -> str:
     per = row["cpu_ms_per_request"]
     share = f" = {row['items_per_s'] / ceiling:.2f} of the ceiling" if ceiling else ""
@@ -127,6 +158,8 @@ def main() -> None:
     parser.add_argument("--infinity", default=None, metavar="VENV", help="part 3 against infinity-emb from this venv "
                         "(benchmarks/peers/infinity_setup.sh)")
     parser.add_argument("--infinity-models", default=None, metavar="MODELS")
+    parser.add_argument("--run", default=None, help="part 4, on a GPU: a `bertzoo train` checkpoint")
+    parser.add_argument("--gpu-concurrency", type=int, default=128, help="part 4's h2load connections")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if shutil.which("h2load") is None:
@@ -136,6 +169,10 @@ def main() -> None:
     results: dict = {"machine": machine(), "probe": [], "variants": [], "defaults": {}}
     print(json.dumps(results["machine"]), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
+        if args.run:
+            results["gpu"] = gpu_rows(args, texts, Path(tmp))
+            if args.json:  # kept even if a later part fails
+                Path(args.json).write_text(json.dumps(results, indent=1))
         sentences = quantile_sentences(probe, texts, args.groups)
         for round_ in range(args.rounds):
             for n in args.frontends:

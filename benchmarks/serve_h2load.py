@@ -46,7 +46,12 @@ def quantile_sentences(artifact: str, sentences: list[str], groups: int) -> list
     """The sentences at the middle of each of ``groups`` equal slices of the token-length order."""
     manifest = load_manifest(artifact)
     tokenizer = Tokenizer.from_file(Path(artifact) / manifest["tokenizer"])
-    lengths = [len(e.input_ids) for e in tokenizer.encode_sentences(sentences, manifest["limits"]["max_seq_length"])]
+    return quantiles_by_length(tokenizer, sentences, manifest["limits"]["max_seq_length"], groups)
+
+
+def quantiles_by_length(tokenizer: Tokenizer, sentences: list[str], max_length: int, groups: int) -> list[str]:
+    """quantile_sentences for a model given by its tokenizer and sentence limit (a checkpoint has no manifest)."""
+    lengths = [len(e.input_ids) for e in tokenizer.encode_sentences(sentences, max_length)]
     ordered = sorted(range(len(sentences)), key=lambda i: lengths[i])
     return [sentences[ordered[(2 * g + 1) * len(ordered) // (2 * groups)]] for g in range(groups)]
 

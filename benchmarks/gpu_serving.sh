@@ -1,0 +1,119 @@
+#!/bin/bash
+# The GPU machine's serving session: `bertzoo serve` on the GPU with front-end processes against the engine's
+# in-process ceiling, a lone request's latency, ONNX Runtime CUDA's fp32 parity and OpenVINO bf16 on the host's AMX,
+# in six calls made one right after another (the machine goes back ~30 s after a call). The benchmark runs in the
+# background from the first call on, while the next five bring ONNX Runtime's CUDA build and OpenVINO; so the session
+# costs the benchmark's time plus the checks, not the transfers.
+#
+# Here, once (the venv as in the README; RUN a `bertzoo train` checkpoint, e.g. the README's full-data recipe):
+#
+#   bash benchmarks/gpu_serving.sh prepare RUN [DATA]
+#
+# It writes the git-ignored .gpu/serve/: RUN's weights cast to fp16 (so they travel in one call: 45 MB against 90;
+# every figure below is of that model, on both sides of each comparison), the wheels, nghttp2's h2load with its
+# libraries, onnxruntime-gpu in pieces, OpenVINO without its GPU/NPU plugins and unused front ends, the dev sets.
+# Then, on the GPU machine, from the repository root, each call carrying the folders named:
+#
+#   start         (.gpu/serve/pkg, .gpu/serve/p1) install; benchmarks/serve_frontends.py --run in the background:
+#                 the torch engine on CUDA at --frontends 1, 4, 8, 12 under h2load and its in-process ceiling, a lone
+#                 request with N = 1 and auto, then the front-end probe at the same N (~5 min)
+#   piece p2 .. p5  (.gpu/serve/pN) onnxruntime-gpu's pieces; the benchmark's log so far
+#   finish [S]    (.gpu/serve/p6) the last piece, OpenVINO and the dev sets; waits at most S s (default 400) for the
+#                 benchmark; gpu_check.py's ONNX Runtime rows (fp32 parity with use_tf32=0); OpenVINO (bf16 where the
+#                 CPU has it) lone requests on 2 host cores and on all; every result to $OUT
+set -uo pipefail
+G=.gpu/serve
+S=/scratch
+ORT_WHEEL=onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl
+ORT_SHA256=05d548956197b9d01f59b625de740e0d6be3593f874e241a12dc0362650ecdf7
+LIMIT=$((64 * 1024 * 1024))  # what one call carries, the working tree included
+
+prepare() {  # RUN [DATA]
+  local run=$1 data=${2:-../shared/data} wheels=/tmp/gpu-serve-wheels tree piece size
+  rm -rf $G && mkdir -p $G/pkg/h2load $G/p1/run $G/p2 $G/p3 $G/p4 $G/p5 $G/p6 $wheels
+  .venv/bin/pip wheel -q --no-deps --no-build-isolation . -w $G/pkg
+  local platform=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp
+                  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+  .venv/bin/pip download -q "${platform[@]}" -d $G/pkg grpcio==1.85.1 grpcio-health-checking==1.85.1 \
+    grpcio-reflection==1.85.1 pyzmq==27.3.0 \
+    "protobuf==$(.venv/bin/python -c 'import google.protobuf as p; print(p.__version__)')"
+  # h2load (Debian 12, glibc 2.36: runs on the machine's newer glibc) and the libraries it has there no copy of
+  cp /usr/bin/h2load $G/pkg/h2load/
+  cp -L /lib/x86_64-linux-gnu/{libnghttp2.so.14,libjemalloc.so.2,libev.so.4} $G/pkg/h2load/
+  .venv/bin/python - "$run" $G/p1/run <<'PY'
+import shutil, sys
+from pathlib import Path
+from safetensors.torch import load_file, save_file
+from bertzoo.trainer.checkpoint import resolve_checkpoint
+source, target = resolve_checkpoint(sys.argv[1]), Path(sys.argv[2])
+save_file({k: v.half().contiguous() for k, v in load_file(str(source / "model.safetensors")).items()},
+          str(target / "model.safetensors"))
+for name in ("config.json", "tokenizer.json"):
+    shutil.copy(source / name, target / name)
+print(f"{source}: weights in fp16 -> {target}")
+PY
+  cp "$data/ids-sst-dev.csv" $G/p1/
+  .venv/bin/pip download -q "${platform[@]}" -d $wheels onnxruntime-gpu==1.31.1 openvino==2026.4.1 openvino-telemetry
+  split -b 57M -d -a 1 $wheels/$ORT_WHEEL $G/ort.
+  for i in 0 1 2 3 4; do mv $G/ort.$i $G/p$((i + 2))/; done
+  rm -rf /tmp/gpu-serve-ov && mkdir -p /tmp/gpu-serve-ov
+  (cd /tmp/gpu-serve-ov && for w in $wheels/openvino*.whl; do unzip -q -o "$w"; done
+   cd openvino/libs && rm -f libopenvino_intel_gpu_plugin.so libopenvino_intel_npu_plugin.so cache.json \
+     libopenvino_{gguf,jax,paddle,pytorch,tensorflow,tensorflow_lite}_frontend.so.*)
+  tar czf $G/p6/openvino.tgz -C /tmp/gpu-serve-ov .
+  (cd "$data" && tar czf "$OLDPWD/$G/p6/dev.tgz" ids-sst-dev.csv quora-dev.csv sts-dev.csv squad/cs224n-dev-v2.0.json)
+  du -sh $G/*
+  tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
+  for piece in $G/p*; do
+    size=$(( $(du -sb "$piece" | cut -f1) + tree ))
+    [ "$piece" != $G/p1 ] || size=$(( size + $(du -sb $G/pkg | cut -f1) ))
+    [ $size -le $LIMIT ] || { echo "$piece is $size bytes with the working tree, over the 64 MiB a call carries" >&2
+                              exit 1; }
+  done
+}
+
+if [ "${1:-}" = prepare ]; then prepare "${2:?prepare RUN [DATA]}" "${3:-}"; exit; fi
+
+# Everything below runs on the GPU machine.
+mkdir -p $S
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 PATH=/tmp/h2load:/tmp/site/bin:$PATH LD_LIBRARY_PATH=/tmp/h2load
+pipi() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$@"; }
+progress() { tail -n 4 $S/frontends.log 2>/dev/null; ls $S/frontends.done 2>/dev/null; }
+case ${1:-} in
+start)
+  pipi $G/pkg/*.whl || exit 3
+  mkdir -p /tmp/h2load $S/data && cp $G/pkg/h2load/* /tmp/h2load/ && chmod +x /tmp/h2load/h2load
+  h2load --version | head -1 || exit 3
+  rm -rf $S/run $S/bench && cp -r $G/p1/run $S/run && cp $G/p1/ids-sst-dev.csv $S/data/
+  cp -r benchmarks $S/bench  # later calls replace the working tree: the running benchmark keeps its own copy
+  rm -f $S/ort.whl
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(nproc) cores, amx: $(grep -c -m1 amx_bf16 /proc/cpuinfo)"
+  (cd $S/bench && setsid nohup bash -c "python3 serve_frontends.py --probe $S/probe --run $S/run \
+    --data $S/data/ids-sst-dev.csv --frontends 1 4 8 12 --rounds 1 --seconds 10 --skip-variants \
+    --json $S/frontends.json > $S/frontends.log 2>&1; touch $S/frontends.done" > /dev/null 2>&1 < /dev/null &)
+  sleep 25; progress
+  ;;
+piece)
+  cat $G/$2/ort.* >> $S/ort.whl; ls -la $S/ort.whl; progress
+  ;;
+finish)
+  # the benchmark's servers import onnxruntime (the probe's engine): nothing is installed under them while they run
+  for _ in $(seq 1 $(( ${2:-400} / 5 ))); do [ -f $S/frontends.done ] && break; sleep 5; done
+  cp $S/frontends.json $S/frontends.log "$OUT"/ 2>/dev/null; progress
+  cat $G/p6/ort.* >> $S/ort.whl && mv $S/ort.whl $S/$ORT_WHEEL
+  echo "$ORT_SHA256  $S/$ORT_WHEEL" | sha256sum -c && pipi $S/$ORT_WHEEL
+  tar xzf $G/p6/openvino.tgz -C /tmp/site && tar xzf $G/p6/dev.tgz -C $S/data
+  (cd /tmp && timeout 240 python3 $S/bench/gpu_check.py $S/run --data $S/data --out $S/check --skip torch,ssaf,serve \
+    --json "$OUT/gpu_check.json") > "$OUT/gpu_check.log" 2>&1; tail -n 12 "$OUT/gpu_check.log"
+  art=$S/check/artifact-softmax
+  for cores in 2 all; do
+    pin=(); [ $cores = all ] || pin=(taskset -c 0,1)
+    (cd $S/bench && "${pin[@]}" python3 lone_request.py $art --data $S/data/ids-sst-dev.csv --variants fp32 \
+      --json "$OUT/lone_openvino_$cores.json" -- --backend openvino) 2>&1 | tail -n 3
+  done
+  ;;
+*)
+  echo "unknown step ${1:-}; see the header of $0" >&2; exit 2
+  ;;
+esac
