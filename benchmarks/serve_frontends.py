@@ -164,7 +164,6 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("h2load") is None:
         sys.exit("h2load not found: apt-get install nghttp2-client")
-    probe = str(build_probe(args.probe))
     texts = load_items("sentiment", args.data)
     results: dict = {"machine": machine(), "probe": [], "variants": [], "defaults": {}}
     print(json.dumps(results["machine"]), flush=True)
@@ -173,6 +172,7 @@ def main() -> None:
             results["gpu"] = gpu_rows(args, texts, Path(tmp))
             if args.json:  # kept even if a later part fails
                 Path(args.json).write_text(json.dumps(results, indent=1))
+        probe = str(build_probe(args.probe))
         sentences = quantile_sentences(probe, texts, args.groups)
         for round_ in range(args.rounds):
             for n in args.frontends:
