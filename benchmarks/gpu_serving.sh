@@ -17,6 +17,8 @@
 #   start         (.gpu/serve/pkg, .gpu/serve/p1) install; benchmarks/serve_frontends.py --run in the background:
 #                 the torch engine on CUDA at --frontends 1, 4, 8, 12 under h2load and its in-process ceiling, a lone
 #                 request with N = 1 and auto, then the front-end probe at the same N (~5 min)
+#   again N,N.. [S] (.gpu/serve/pkg, .gpu/serve/p1) on a fresh machine after a change: the served rows at those N
+#                 again with their ceiling, in the foreground, at most S s (default 200)
 #   piece p2 .. p5  (.gpu/serve/pN) onnxruntime-gpu's pieces; the benchmark's log so far
 #   finish [S]    (.gpu/serve/p6) the last piece, OpenVINO and the dev sets; waits at most S s (default 400) for the
 #                 benchmark; gpu_check.py's ONNX Runtime rows (fp32 parity with use_tf32=0); OpenVINO (bf16 where the
@@ -103,6 +105,11 @@ start)
     --data $S/data/ids-sst-dev.csv --frontends 1 4 8 12 --rounds 1 --seconds 10 --skip-variants \
     --json $S/frontends.json > $S/frontends.log 2>&1; touch $S/frontends.done" > /dev/null 2>&1 < /dev/null &)
   sleep 25; progress
+  ;;
+again)  # (.gpu/serve/pkg, .gpu/serve/p1) after a change to the request path: part 4's served rows again, at N = $2
+  install
+  (cd $S/bench && timeout "${3:-200}" python3 serve_frontends.py --probe $S/probe --run $S/run --skip-probe --skip-lone \
+    --data $S/data/ids-sst-dev.csv --frontends ${2//,/ } --seconds 10 --skip-variants --json "$OUT/frontends_again.json")
   ;;
 piece)
   cat $G/$2/ort.* >> $S/ort.whl; ls -la $S/ort.whl; progress

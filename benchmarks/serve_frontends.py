@@ -123,7 +123,7 @@ def gpu_rows(args: argparse.Namespace, texts: list[str], workdir: Path) -> dict:
         out["rows"].append({"frontends": n, **row})
         print(line(f"torch CUDA, frontends {n}", row, ceiling), flush=True)
     s128 = " ".join(texts[:40])[:2000]  # cut to the model's 128 tokens by the server, as in gpu_check.served
-    for name, flags in (("frontends 1", ["--frontends", "1"]), ("auto", [])):
+    for name, flags in () if args.skip_lone else (("frontends 1", ["--frontends", "1"]), ("auto", [])):
         for label, lone_texts in (("one sentence", texts[:400]), ("s128", [s128] * 400)):
             found = lone_requests(args.run, [*engine, *flags], lone_texts)
             out["lone"][f"{name}, {label}"] = found
@@ -160,6 +160,8 @@ def main() -> None:
     parser.add_argument("--infinity-models", default=None, metavar="MODELS")
     parser.add_argument("--run", default=None, help="part 4, on a GPU: a `bertzoo train` checkpoint")
     parser.add_argument("--gpu-concurrency", type=int, default=128, help="part 4's h2load connections")
+    parser.add_argument("--skip-lone", action="store_true", help="part 4 without its lone requests")
+    parser.add_argument("--skip-probe", action="store_true", help="leave out part 1 (the probe)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if shutil.which("h2load") is None:
@@ -172,9 +174,9 @@ def main() -> None:
             results["gpu"] = gpu_rows(args, texts, Path(tmp))
             if args.json:  # kept even if a later part fails
                 Path(args.json).write_text(json.dumps(results, indent=1))
-        probe = str(build_probe(args.probe))
-        sentences = quantile_sentences(probe, texts, args.groups)
-        for round_ in range(args.rounds):
+        probe = None if args.skip_probe else str(build_probe(args.probe))
+        for round_ in range(args.rounds if probe else 0):
+            sentences = quantile_sentences(probe, texts, args.groups)
             for n in args.frontends:
                 row = served(probe, ["--frontends", str(n), "--threads", "1"], sentences, args, Path(tmp))
                 results["probe"].append({"round": round_, "frontends": n, **row})

@@ -111,6 +111,7 @@ class Batcher:
         self.lane = lane
         self._queue_depth = metrics.queue_depth.labels(lane)
         self._queue_sequences = metrics.queue_sequences.labels(lane)
+        self._gauges_due = False
         metrics.queue_limit.labels(lane).set(settings.max_queue)
         self._bucket_for = bucket_for
         self._pad_id = pad_id
@@ -235,11 +236,17 @@ class Batcher:
             self._waiting_jobs -= 1
 
     def _changed(self) -> None:
-        self._queue_depth.set(self._waiting_jobs)
-        self._queue_sequences.set(self._waiting_rows)
+        if not self._gauges_due:  # once per loop turn: a multiprocess gauge's set costs a getpid and a lock
+            self._gauges_due = True
+            self._running_loop().call_soon(self._set_gauges)
         if self._waiting_rows or self._in_flight:
             self._idle.clear()  # close() must not see a stale "idle" from before this work arrived
         self._wake.set()
+
+    def _set_gauges(self) -> None:
+        self._gauges_due = False
+        self._queue_depth.set(self._waiting_jobs)
+        self._queue_sequences.set(self._waiting_rows)
 
     # ------------------------------------------------------------------ scheduling (event loop)
 

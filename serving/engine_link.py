@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import zmq
-import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from bertzoo.tokenization import Tokenizer
@@ -60,10 +59,14 @@ class EngineLink:
         self._address = address
         self._max_queue = config.batch.max_queue
         self._on_engine_lost = on_engine_lost
-        self._context = zmq.asyncio.Context()
+        # Plain sockets read from the event loop's reader callbacks, as the engine's (serving/engine_process.py)
+        self._context = zmq.Context()
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.SNDHWM, 0)  # never block the loop on a send: the engine's queue limits apply
+        self._socket.setsockopt(zmq.RCVHWM, 0)
         self._monitor = self._socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self._connected = False
         self._socket.connect(address)
         self._ids = itertools.count()
         self._pending: dict[int, RemoteJob] = {}
@@ -72,17 +75,24 @@ class EngineLink:
         self._flush_scheduled = False
         self._waiting = {"main": 0, "long": 0}
         self._lost: str | None = None
-        self._tasks: list[asyncio.Task] = []
+        self._ready: asyncio.Future | None = None  # the engine's answer to the hello
+        self._readers: list[int] = []
 
     async def open(self) -> Lanes:
         """Wait for the engine to be loaded and warmed up (it answers the hello only then); its lanes."""
-        self._tasks.append(asyncio.create_task(self._watch(), name="bertzoo-engine-watch"))
-        await self._socket.send(hops.HELLO)
-        kind, *rest = await self._socket.recv_multipart()
+        loop = asyncio.get_running_loop()
+        self._ready = loop.create_future()
+        for socket, read in ((self._socket, self._drain), (self._monitor, self._watch)):
+            fd = socket.getsockopt(zmq.FD)
+            loop.add_reader(fd, read)
+            self._readers.append(fd)
+        self._socket.send(hops.HELLO)  # queued until the connection is up
+        self._drain()
+        self._watch()
+        kind, *rest = await self._ready
         if kind != hops.READY:
             raise RuntimeError(f"the engine process failed to start: {rest[0].decode() if rest else kind!r}")
         spec, tokenizer_json = pickle.loads(rest[0])
-        self._tasks.append(asyncio.create_task(self._receive(), name="bertzoo-engine-receive"))
         return Lanes(spec, Tokenizer.from_str(tokenizer_json), RemoteLane(self, "main"), RemoteLane(self, "long"),
                      self.close)
 
@@ -129,38 +139,50 @@ class EngineLink:
         frames = hops.pack_jobs(self._outbox, self._cancelled)
         self._outbox, self._cancelled = [], []
         self._socket.send_multipart(frames)  # copying a few KB beats zero-copy frames
+        self._drain()  # the send may have taken the descriptor's edge: read what came meanwhile
 
     # ------------------------------------------------------------------ answers
 
-    async def _receive(self) -> None:
+    def _drain(self) -> None:
+        """Handle every message waiting (ZeroMQ's descriptor signals edges: read until there is nothing)."""
         while True:
-            kind, *rest = await self._socket.recv_multipart()
-            if kind != hops.RESULTS:
-                continue
-            outcomes, self._waiting = hops.unpack_results(rest[0])
-            for outcome in outcomes:
-                job = self._pending.pop(outcome.job_id, None)
-                if job is None or job.future.done():
-                    continue
-                if outcome.error is not None:
-                    job.future.set_exception(hops.error_from_fields(*outcome.error))
-                else:
-                    job.first_start, job.last_end = outcome.first_start, outcome.last_end
-                    job.future.set_result(outcome.outputs)
+            try:
+                kind, *rest = self._socket.recv_multipart(zmq.NOBLOCK)
+            except (zmq.Again, zmq.ContextTerminated, zmq.ZMQError):  # nothing more, or closed
+                return
+            if self._ready is not None and not self._ready.done():
+                self._ready.set_result([kind, *rest])
+            elif kind == hops.RESULTS:
+                self._take_results(rest[0])
 
-    async def _watch(self) -> None:
+    def _take_results(self, frame: bytes) -> None:
+        outcomes, self._waiting = hops.unpack_results(frame)
+        for outcome in outcomes:
+            job = self._pending.pop(outcome.job_id, None)
+            if job is None or job.future.done():
+                continue
+            if outcome.error is not None:
+                job.future.set_exception(hops.error_from_fields(*outcome.error))
+            else:
+                job.first_start, job.last_end = outcome.first_start, outcome.last_end
+                job.future.set_result(outcome.outputs)
+
+    def _watch(self) -> None:
         """Notice the engine process going away: its end of the connection closes."""
-        connected = False
-        while True:
-            event = parse_monitor_message(await self._monitor.recv_multipart())["event"]
+        while self._lost is None:
+            try:
+                event = parse_monitor_message(self._monitor.recv_multipart(zmq.NOBLOCK))["event"]
+            except (zmq.Again, zmq.ContextTerminated, zmq.ZMQError):
+                return
             if event == zmq.EVENT_CONNECTED:
-                connected = True
-            elif event == zmq.EVENT_DISCONNECTED and connected:
+                self._connected = True
+            elif event == zmq.EVENT_DISCONNECTED and self._connected:
                 log.error("the engine process went away: NOT_SERVING; %d waiting requests fail UNAVAILABLE",
                           len(self._pending))
                 self._fail_all("the engine process stopped; this server is restarting", lost=True)
+                if self._ready is not None and not self._ready.done():
+                    self._ready.set_result([b"lost", b"the engine process went away"])
                 self._on_engine_lost()
-                return
 
     def _fail_all(self, message: str, lost: bool) -> None:
         if lost:
@@ -171,9 +193,10 @@ class EngineLink:
                 job.future.set_exception(Unavailable(message, reason="engine_lost" if lost else "shutdown"))
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        loop = asyncio.get_running_loop()
+        for fd in self._readers:
+            loop.remove_reader(fd)
+        self._readers.clear()
         self._fail_all("the server shut down", lost=False)
         self._socket.disable_monitor()
         self._monitor.close(linger=0)

@@ -11,10 +11,10 @@ rather than Python lists: one copy into the message and views on the other side.
 
 from __future__ import annotations
 
+import itertools
 import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
 
 import numpy as np
 
@@ -51,8 +51,8 @@ def pack_jobs(requests: Sequence[JobRequest], cancelled: Sequence[int]) -> list[
     rows = [row for request in requests for work in request.works for row in work.rows]
     lengths = np.fromiter((len(row.input_ids) for row in rows), dtype=np.int32, count=len(rows))
     total = int(lengths.sum())
-    ids = np.fromiter(chain.from_iterable(row.input_ids for row in rows), dtype=np.int32, count=total)
-    types = np.fromiter(chain.from_iterable(row.token_type_ids for row in rows), dtype=np.int8, count=total)
+    ids = np.fromiter(itertools.chain.from_iterable(row.input_ids for row in rows), dtype=np.int32, count=total)
+    types = np.fromiter(itertools.chain.from_iterable(row.token_type_ids for row in rows), dtype=np.int8, count=total)
     header = ([(r.job_id, r.lane, r.timeout, [(w.task, len(w.rows)) for w in r.works]) for r in requests],
               list(cancelled))
     return [JOBS, pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL), lengths.tobytes(), ids.tobytes(),
@@ -63,30 +63,29 @@ def unpack_jobs(frames: Sequence[bytes]) -> tuple[list[JobRequest], list[int]]:
     """The requests of a :func:`pack_jobs` message (its frames after the kind), rows as views of the arrays."""
     header, lengths, ids, types = frames
     jobs, cancelled = pickle.loads(header)
-    lengths = np.frombuffer(lengths, dtype=np.int32)
     ids, types = np.frombuffer(ids, dtype=np.int32), np.frombuffer(types, dtype=np.int8)
-    ends = np.cumsum(lengths)
-    row = 0
+    # Plain ints from here: a hop holds a few rows, where numpy's per-call cost outweighs its loops.
+    bounds = iter(itertools.pairwise(itertools.accumulate(np.frombuffer(lengths, dtype=np.int32).tolist(), initial=0)))
     requests = []
     for job_id, lane, timeout, shape in jobs:
         works = []
         for task, count in shape:
-            encodings = []
-            for r in range(row, row + count):
-                start, end = int(ends[r] - lengths[r]), int(ends[r])
-                encodings.append(Encoding(ids[start:end], types[start:end]))
-            works.append(Work(task, tuple(encodings)))
-            row += count
+            encodings = tuple(Encoding(ids[start:end], types[start:end])
+                              for start, end in itertools.islice(bounds, count))
+            works.append(Work(task, encodings))
         requests.append(JobRequest(job_id, lane, timeout, works))
     return requests, cancelled
 
 
 def pack_results(outcomes: Sequence[JobOutcome], waiting: dict[str, int]) -> list[bytes]:
-    return [RESULTS, pickle.dumps((outcomes, waiting), protocol=pickle.HIGHEST_PROTOCOL)]
+    # As tuples: pickle takes a dataclass instance apart through its reduce protocol, each one on the engine's loop.
+    rows = [(o.job_id, o.outputs, o.first_start, o.last_end, o.error) for o in outcomes]
+    return [RESULTS, pickle.dumps((rows, waiting), protocol=pickle.HIGHEST_PROTOCOL)]
 
 
 def unpack_results(frame: bytes) -> tuple[list[JobOutcome], dict[str, int]]:
-    return pickle.loads(frame)
+    rows, waiting = pickle.loads(frame)
+    return [JobOutcome(*row) for row in rows], waiting
 
 
 def error_fields(error: errors.ServingError) -> tuple[str, str, str]:
