@@ -295,28 +295,33 @@ def resident_states(artifact: Path, sentences: list[str]) -> dict:
     return result
 
 
-def cuda_ceiling(run: str, sentences: list[str]) -> float:
+def cuda_ceiling(run: str, sentences: list[str], seconds: float = 3.0) -> dict:
     """Sentiment sentences/s of the torch engine in this process as `bertzoo serve --device cuda` runs it (fp16, CUDA
-    graphs, batches of 64, the server's largest): the in-process ceiling a server on the GPU is held against."""
+    graphs, batches of 64, the server's largest): the in-process ceiling a server on the GPU is held against. A pass
+    over ~1,000 sentences takes ~0.1 s, and one pass varied from 11,600 to 14,700/s on one machine, so the ceiling
+    ("best") is the fastest of at least 5 passes over ``seconds``; "median" and every pass's rate come with it."""
     from bertzoo.serving.backends import create_backend
 
     model, tokenizer, config, _ = load_run(run)
     backend = create_backend("torch", model.cuda().eval(), device="cuda", precision="fp16", cuda_graphs=True)
     examples = [SentenceExample(str(i), s, None) for i, s in enumerate(sentences)]
-    for _ in range(2):  # the first pass captures the graphs
+    pipeline.predict(backend, "sentiment", examples, tokenizer, config.limits, 64)  # captures the graphs
+    rates: list[float] = []
+    end = time.perf_counter() + seconds
+    while len(rates) < 5 or time.perf_counter() < end:
         started = time.perf_counter()
         pipeline.predict(backend, "sentiment", examples, tokenizer, config.limits, 64)
-    ceiling = len(examples) / (time.perf_counter() - started)
+        rates.append(len(examples) / (time.perf_counter() - started))
     del backend, model
     torch.cuda.empty_cache()
-    return ceiling
+    return {"best": max(rates), "median": float(np.median(rates)), "passes": rates}
 
 
 def served(run: str, sentences: list[str], work: Path) -> dict:
     """`bertzoo serve` (torch, fp16, CUDA graphs) in a process of its own; the load generator in another."""
     from bertzoo.serving.client import BertzooClient
 
-    ceiling = cuda_ceiling(run, sentences)
+    ceiling = cuda_ceiling(run, sentences)["best"]
     port = 50000 + os.getpid() % 10000
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cli = [sys.executable, "-c", "from bertzoo.cli import main; main()"]

@@ -21,6 +21,10 @@ MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig"
 SECTIONS = "sections_sha256"
 FORMAT_VERSION = 2  # 2: section hashes, every file listed
+# Every ONNX graph bertzoo writes or builds declares this IR version: ONNX Runtime refuses a graph whose IR version is
+# newer than it knows, and the onnx package's default is its own newest (onnx 1.23 writes 14; onnxruntime-gpu 1.31
+# reads up to 13). 10 is read by every ONNX Runtime since 1.17.
+ONNX_IR_VERSION = 10
 
 
 def _section_hashes(manifest: dict) -> dict[str, str]:

@@ -27,6 +27,7 @@ import onnx
 import torch
 from torch import Tensor, nn
 
+from bertzoo.artifact import ONNX_IR_VERSION
 from bertzoo.packing import PACKED_INPUTS, pack_batch
 from bertzoo.trainer.heads import MultitaskModel
 from bertzoo.trainer.model import Packing
@@ -36,8 +37,6 @@ from . import sparsegen_onnx
 log = logging.getLogger("bertzoo.export")
 
 OPSET = 18  # >= 17 as asked; 18 because the SparsegenLin function body uses ReduceMax with axes as an input
-# ONNX Runtime refuses models whose IR version is newer than it knows; 10 is read by every ORT since 1.17.
-IR_VERSION = 10
 
 
 @dataclass(frozen=True)
@@ -87,7 +86,7 @@ def _export(module: nn.Module, args: tuple[Tensor, ...], spec: GraphSpec, dynami
     model = program.model_proto
     if sparsegen_onnx.count_nodes(model):
         sparsegen_onnx.attach_function(model)
-    model.ir_version = min(model.ir_version, IR_VERSION)
+    model.ir_version = min(model.ir_version, ONNX_IR_VERSION)
     onnx.checker.check_model(model, full_check=True)
     tmp = out / f".{spec.file}.tmp"
     onnx.save_model(model, str(tmp))

@@ -347,3 +347,21 @@ def test_int8_minilm_stays_within_its_accuracy_bounds_on_real_dev_examples(tmp_p
     assert similarity["pearson_delta"] <= gates.BOUNDS["int8"].pearson_delta
     assert 1e-4 < report["tensor_max_abs"]["encoder"] < 1.0  # int8 really changed the encoder
     assert manifest["parity"]["fp32"]["tensor_max_abs"]["encoder"] < 1e-3
+
+
+def test_the_servers_own_onnx_graph_is_readable_wherever_the_exported_ones_are() -> None:
+    """The row-selection graph the ONNX Runtime backend builds at load time declares the exported graphs' IR version
+    (the onnx package's default, its newest, was refused by onnxruntime-gpu 1.31), and picks the rows it is asked for."""
+    import onnxruntime as ort
+
+    from bertzoo.artifact import ONNX_IR_VERSION
+    from bertzoo.serving.backends.ort import row_selection_model
+
+    model = row_selection_model()
+    assert model.ir_version == ONNX_IR_VERSION
+    onnx.checker.check_model(model)
+    states = np.arange(2 * 5 * 4, dtype=np.float32).reshape(2, 5, 4)
+    mask = np.array([[1, 1, 0]], dtype=np.int64)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (selected,) = session.run(None, {"states": states, "rows": np.array([1], dtype=np.int64), "mask": mask})
+    np.testing.assert_array_equal(selected, states[1:2, :3] * mask[..., None])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bertzoo.artifact import ArtifactError, load_manifest
+from bertzoo.artifact import ONNX_IR_VERSION, ArtifactError, load_manifest
 
 from .base import BackendUnavailable, encoder_feed, rows_mask
 
@@ -116,9 +116,7 @@ def row_selection_model():
          helper.make_tensor_value_info("rows", TensorProto.INT64, ["n"]),
          helper.make_tensor_value_info("mask", TensorProto.INT64, ["n", "width"])],
         [helper.make_tensor_value_info("selected", TensorProto.FLOAT, ["n", "width", "hidden"])], constants)
-    # IR version 10, as the exported graphs (export/onnx_graphs.py): helper's default is the onnx package's newest,
-    # which an older ONNX Runtime refuses (onnx 1.23 writes 14; onnxruntime-gpu 1.31 reads up to 13).
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=ONNX_IR_VERSION)
 
 
 class DeviceStates:
