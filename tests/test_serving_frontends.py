@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -195,6 +196,29 @@ def test_deadlines_cancellation_and_queue_full_reach_the_engine(tiny_artifact):
             assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert time.perf_counter() - started < 0.5  # refused at once, not after the queue delay
             assert len(waiting.result().results) == 1
+
+
+def test_many_concurrent_calls_each_get_their_own_answer(tiny_artifact):
+    """Both ends read their sockets until empty on each wake-up and again after each send (the descriptor signals
+    edges): a missed message would leave a call unanswered, so every one of many concurrent calls must be answered,
+    with its own text's answer."""
+    _, artifact = tiny_artifact
+    texts = [f"sentence number {i} of the load" for i in range(12)]
+    with ServerThread(serve_config(artifact)) as single, BertzooClient(f"127.0.0.1:{single.port}") as client:
+        expected = {text: str(client.sentiment([text]).results[0].label) for text in texts}
+    with ServerProcess(artifact) as server:
+        server.wait_ready()
+        clients = [BertzooClient(server.target, timeout=30) for _ in range(8)]  # 8 connections over 2 front ends
+
+        def calls(client: BertzooClient) -> list[tuple[str, str]]:
+            return [(text, str(client.sentiment([text]).results[0].label)) for text in texts * 5]
+
+        with ThreadPoolExecutor(len(clients)) as pool:
+            got = [pair for answered in pool.map(calls, clients) for pair in answered]
+        for client in clients:
+            client.close()
+        assert len(got) == 8 * 60 and all(label == expected[text] for text, label in got)
+        assert metric(server.metrics(), "bertzoo_requests_total", task="sentiment", code="OK") == 8 * 60
 
 
 def test_long_requests_keep_their_lane_through_the_engine(tiny_artifact):
