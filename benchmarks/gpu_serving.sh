@@ -16,7 +16,9 @@
 #
 #   start         (.gpu/serve/pkg, .gpu/serve/p1) install; benchmarks/serve_frontends.py --run in the background:
 #                 the torch engine on CUDA at --frontends 1, 4, 8, 12 under h2load and its in-process ceiling, a lone
-#                 request with N = 1 and auto, then the front-end probe at the same N (~5 min)
+#                 request with N = 1 and auto, then the front-end probe at the same N (~5 min). Seen once: the call
+#                 did not return before its time limit although the benchmark runs under setsid (it ran on, and the
+#                 next calls found it): give it a limit of ~200 s, not the benchmark's length
 #   again N,N.. [S] (.gpu/serve/pkg, .gpu/serve/p1) on a fresh machine after a change: the served rows at those N
 #                 again with their ceiling, in the foreground, at most S s (default 200)
 #   piece p2 .. p5  (.gpu/serve/pN) onnxruntime-gpu's pieces; the benchmark's log so far
