@@ -59,7 +59,7 @@ class EngineLink:
         self._address = address
         self._max_queue = config.batch.max_queue
         self._on_engine_lost = on_engine_lost
-        # Plain sockets read from the event loop's reader callbacks, as the engine's (serving/engine_process.py)
+        # Plain sockets read from the event loop's reader callbacks, as the engine's (serving/engine_process.py).
         self._context = zmq.Context()
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
@@ -148,7 +148,7 @@ class EngineLink:
         while True:
             try:
                 kind, *rest = self._socket.recv_multipart(zmq.NOBLOCK)
-            except (zmq.Again, zmq.ContextTerminated, zmq.ZMQError):  # nothing more, or closed
+            except zmq.ZMQError:  # zmq.Again: nothing more; any other: the link is closing
                 return
             if self._ready is not None and not self._ready.done():
                 self._ready.set_result([kind, *rest])
@@ -172,7 +172,7 @@ class EngineLink:
         while self._lost is None:
             try:
                 event = parse_monitor_message(self._monitor.recv_multipart(zmq.NOBLOCK))["event"]
-            except (zmq.Again, zmq.ContextTerminated, zmq.ZMQError):
+            except zmq.ZMQError:
                 return
             if event == zmq.EVENT_CONNECTED:
                 self._connected = True
