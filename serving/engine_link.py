@@ -168,15 +168,16 @@ class EngineLink:
                 job.future.set_result(outcome.outputs)
 
     def _watch(self) -> None:
-        """Notice the engine process going away: its end of the connection closes."""
-        while self._lost is None:
+        """Notice the engine process going away: its end of the connection closes. Every event is read, also after
+        that, so the descriptor does not stay readable and wake the loop for nothing."""
+        while True:
             try:
                 event = parse_monitor_message(self._monitor.recv_multipart(zmq.NOBLOCK))["event"]
             except zmq.ZMQError:
                 return
             if event == zmq.EVENT_CONNECTED:
                 self._connected = True
-            elif event == zmq.EVENT_DISCONNECTED and self._connected:
+            elif event == zmq.EVENT_DISCONNECTED and self._connected and self._lost is None:
                 log.error("the engine process went away: NOT_SERVING; %d waiting requests fail UNAVAILABLE",
                           len(self._pending))
                 self._fail_all("the engine process stopped; this server is restarting", lost=True)
