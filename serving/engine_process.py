@@ -77,7 +77,7 @@ class EngineHost:
         while True:
             try:
                 peer, kind, *frames = self._socket.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
+            except zmq.ZMQError:  # zmq.Again: nothing more; any other: the socket is closing
                 return
             try:
                 if kind == hops.HELLO:
