@@ -11,13 +11,13 @@
    of the load generator.
 2. With --artifact (a real model's `bertzoo export --int8` output): each of --variants under the same load, against
    its in-process ceiling (served_variants.in_process_ceiling), with one and two engine instances, at each N.
+3. With --artifact and --defaults: Embed, `bertzoo serve ARTIFACT` with no engine flags (what `auto` picks here)
+   against the old defaults (ONNX Runtime fp32, one instance, one process) and, with --infinity, the peer
+   infinity-emb at each of its CPU engines under the same h2load load (serve_h2load.infinity_h2load_rows).
 4. With --run (a `bertzoo train` checkpoint) on a GPU: the torch engine on CUDA (fp16, CUDA graphs) served at each N
    of --frontends under --gpu-concurrency connections, against that engine's in-process ceiling on the same sentences
    (gpu_check.cuda_ceiling); then a lone request (benchmarks/lone_request.py) with N = 1 and with `auto`, of one SST
    sentence and of one 128-token text. Runs first, before the probe.
-3. With --artifact and --defaults: Embed, `bertzoo serve ARTIFACT` with no engine flags (what `auto` picks here)
-   against the old defaults (ONNX Runtime fp32, one instance, one process) and, with --infinity, the peer
-   infinity-emb at each of its CPU engines under the same h2load load (serve_h2load.infinity_h2load_rows).
 
 Every answer is checked OK on the server's own counters (serve_h2load.serve_once's rule).
 """
@@ -178,8 +178,9 @@ def main() -> None:
             if args.json:  # kept even if a later part fails
                 Path(args.json).write_text(json.dumps(results, indent=1))
         probe = None if args.skip_probe else str(build_probe(args.probe))
-        for round_ in range(args.rounds if probe else 0):
+        if probe:
             sentences = quantile_sentences(probe, texts, args.groups)
+        for round_ in range(args.rounds if probe else 0):
             for n in args.frontends:
                 row = served(probe, ["--frontends", str(n), "--threads", "1"], sentences, args, Path(tmp))
                 results["probe"].append({"round": round_, "frontends": n, **row})
