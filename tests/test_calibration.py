@@ -4,6 +4,7 @@ checkpoint and used by evaluation."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from types import SimpleNamespace as NS
 
 import pytest
@@ -57,6 +58,20 @@ def test_holding_out_fewer_articles_than_asked_says_so(caplog):
         held = hold_out_articles(data, 3)[1]
     assert {q.title for q in held} == {"C"}
     assert "qa_calibration_articles is 3" in caplog.text and "1 held out" in caplog.text
+
+
+def test_real_unanswerable_questions_repeat_and_the_synthetic_ones_do_not(tiny_train_config):
+    def questions(repeat: int) -> list:
+        config = tiny_train_config(tasks=("qa",), limit_per_task=None, qa_real_unanswerable_repeat=repeat)
+        return load_training_data(config)[0]["qa"]
+
+    once, thrice = questions(1), questions(3)
+    real = {e.id for e in once if e.is_impossible and "-noans-" not in e.id}
+    assert real and Counter(e.id for e in once).most_common(1)[0][1] == 1
+    expected = Counter(e.id for e in once) + Counter({i: 2 for i in real})
+    assert Counter(e.id for e in thrice) == expected, "only the real unanswerable ones repeat, synthetic ones do not"
+    with pytest.raises(ValueError, match="qa_real_unanswerable_repeat"):
+        tiny_train_config(qa_real_unanswerable_repeat=0)
 
 
 def test_training_fits_the_threshold_on_held_out_articles_and_the_checkpoint_keeps_it(tiny_train_config):

@@ -50,6 +50,9 @@ class TrainConfig:
     # questions to this share (core/unanswerable.py). 1/2 is the share in the official v2.0 dev and test sets
     # (train has 1/3): a model trained on fewer abstains too rarely. 0 turns it off.
     qa_unanswerable_fraction: float = 0.5
+    # Each real unanswerable training question appears this many times (the synthetic ones once): only the real ones
+    # are written the way the dev and test sets' are, and the shared data holds a few hundred of them.
+    qa_real_unanswerable_repeat: int = 1
     qa_null_threshold: float = 0.0  # answer "no answer" when null score - best span score exceeds this
     # Articles of the QA training data held out to fit qa_null_threshold at each checkpoint (trainer/calibration.py),
     # for this share of unanswerable questions (None: the held-out articles' own share). 0 articles: keep the value.
@@ -143,6 +146,8 @@ class TrainConfig:
                              f"sentiment_dataset sst5, not {self.sentiment_dataset!r}")
         if not 0.0 <= self.qa_unanswerable_fraction < 1.0:
             raise ValueError(f"qa_unanswerable_fraction must be in [0, 1), got {self.qa_unanswerable_fraction}")
+        if self.qa_real_unanswerable_repeat < 1:
+            raise ValueError(f"qa_real_unanswerable_repeat must be >= 1, got {self.qa_real_unanswerable_repeat}")
         if self.qa_calibration_articles < 0:
             raise ValueError(f"qa_calibration_articles must be >= 0, got {self.qa_calibration_articles}")
         if self.qa_calibration_share is not None and not 0.0 < self.qa_calibration_share < 1.0:

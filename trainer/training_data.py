@@ -77,7 +77,12 @@ def load_training_data(config: TrainConfig) -> tuple[dict[str, list], list]:
             log.info("qa/train: %d questions of %s held out to fit the no-answer threshold (%d unanswerable)",
                      len(calibration), sorted({e.title for e in calibration}),
                      sum(e.is_impossible for e in calibration))
+        real_unanswerable = [e for e in splits["qa"] if e.is_impossible]
         splits["qa"] = splits["qa"] + _unanswerable_top_up(splits["qa"], config)
+        if config.qa_real_unanswerable_repeat > 1 and real_unanswerable:
+            splits["qa"] += real_unanswerable * (config.qa_real_unanswerable_repeat - 1)
+            log.info("qa/train: each of the %d real unanswerable questions appears %d times",
+                     len(real_unanswerable), config.qa_real_unanswerable_repeat)
     return splits, calibration
 
 
