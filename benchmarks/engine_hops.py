@@ -1,0 +1,191 @@
+"""The engine process's own ceiling: how many requests a second its event loop takes in and answers when nothing
+else limits it, with no gRPC and no front end in the way.
+
+With many front ends on a GPU, the engine process's one event loop is what bounds `bertzoo serve` (RESULTS.md,
+"Serving on GPU"). This benchmark reproduces that bound on any machine: it starts the engine process as the server
+does (`serving/engine_process.py`, the front-end probe's model, whose batches cost next to nothing) and plays the
+front ends itself over the same ZeroMQ socket, keeping a window of jobs in flight, each hop carrying `--per-hop`
+one-sentence requests (1: front ends under light load each, the GPU case; more: busy front ends). The engine's CPU
+per request says what one request costs its loop; its rate is the ceiling a server could reach with free front ends.
+
+    python benchmarks/engine_hops.py --probe DIR [--data DATA/ids-sst-dev.csv] [--per-hop 1 8] [--peers 1 12] \
+        [--seconds 10] [--rounds 3] [--model RUN --backend torch --device cuda --ceiling] [--json FILE]
+
+With `--model`, the engine serves that model instead (e.g. the CUDA engine of `gpu_serving.sh`): its rate against
+the model's in-process ceiling says whether the engine process or the front ends hold a server back.
+
+The load generator is one Python process on another core; it spends a fraction of the engine's time per request
+(it sends prebuilt hops and reads answers without unpacking their outputs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import multiprocessing
+import os
+import pickle
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import zmq
+from processes import stat_cpu_seconds
+from serve_frontends import build_probe
+from timing import machine
+
+from bertzoo.serving import hops
+from bertzoo.serving.config import ServeConfig
+from bertzoo.serving.engine import Work
+from bertzoo.serving.load import load_items
+from bertzoo.tokenization import Tokenizer
+
+SENTENCE = "a gorgeous , witty , seductive movie ."
+
+
+def start_engine(config: ServeConfig, run_dir: Path) -> tuple[multiprocessing.Process, object, str]:
+    """The engine process as `bertzoo serve --frontends N` starts it (metrics in multiprocess mode)."""
+    from bertzoo.serving.engine_process import engine_main
+
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(run_dir / "metrics")
+    (run_dir / "metrics").mkdir()
+    context = multiprocessing.get_context("spawn")
+    reader, control = context.Pipe(duplex=False)
+    address = f"ipc://{run_dir / 'engine.sock'}"
+    engine = context.Process(target=engine_main, name="bertzoo-engine",
+                             args=(config, address, reader, {"": logging.WARNING, "bertzoo": logging.WARNING}))
+    engine.start()
+    reader.close()
+    return engine, control, address
+
+
+def connect(context: zmq.Context, address: str) -> zmq.Socket:
+    """A front end's socket, hello sent (the engine answers READY once its model is warm)."""
+    socket = context.socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.connect(address)
+    socket.send_multipart([hops.HELLO])
+    return socket
+
+
+def hop_frames(tokenizer: Tokenizer, sentences: list[str], first_id: int) -> list[bytes]:
+    """One hop of one-sentence Sentiment requests, job ids from ``first_id`` on."""
+    encodings = tokenizer.encode_sentences(sentences, 128)
+    requests = [hops.JobRequest(first_id + i, "main", None, [Work("sentiment", (e,))]) for i, e in enumerate(encodings)]
+    return hops.pack_jobs(requests, [])
+
+
+def drive(sockets: list[zmq.Socket], tokenizer: Tokenizer, sentences: list[str], per_hop: int, window: int,
+          seconds: float, engine_pid: int) -> dict:
+    """Keep ``window`` hops in flight for ``seconds``, spread over ``sockets`` (one per front end played); each
+    answered hop is replaced by a new one on the same socket."""
+    # Job ids only need to be unique among a socket's jobs in flight: a ring of prebuilt hops, one per window slot.
+    ring = [hop_frames(tokenizer, [sentences[(slot * per_hop + i) % len(sentences)] for i in range(per_hop)],
+                       slot * per_hop) for slot in range(window)]
+    owner = {slot: sockets[slot % len(sockets)] for slot in range(window)}
+    poller = zmq.Poller()
+    for socket in sockets:
+        poller.register(socket, zmq.POLLIN)
+    for slot, frames in enumerate(ring):
+        owner[slot].send_multipart(frames)
+    outstanding = dict.fromkeys(range(window), per_hop)
+    answered, in_flight = 0, window
+    stat = Path(f"/proc/{engine_pid}/stat")
+    cpu_before, driver_before = stat_cpu_seconds(stat), time.process_time()
+    started = time.perf_counter()
+    ends = started + seconds
+    while in_flight:
+        for socket, _ in poller.poll():
+            while True:
+                try:
+                    frames = socket.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                if frames[0] != hops.RESULTS:
+                    continue
+                rows, _waiting = pickle.loads(frames[1])
+                for job_id, *_ in rows:
+                    slot = job_id // per_hop
+                    outstanding[slot] -= 1
+                    answered += 1
+                    if outstanding[slot] == 0:  # every request of that hop is answered: send it again
+                        in_flight -= 1
+                        if time.perf_counter() < ends:
+                            outstanding[slot] = per_hop
+                            owner[slot].send_multipart(ring[slot])
+                            in_flight += 1
+    elapsed = time.perf_counter() - started
+    cpu, driver = stat_cpu_seconds(stat) - cpu_before, time.process_time() - driver_before
+    # The driver busy near all the time means it, not the engine, set the rate.
+    return {"requests": answered, "seconds": round(elapsed, 3), "requests_per_s": round(answered / elapsed, 1),
+            "engine_cpu_ms_per_request": round(1000 * cpu / answered, 4),
+            "engine_cores_busy": round(cpu / elapsed, 3), "driver_cores_busy": round(driver / elapsed, 3)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--probe", required=True, help="directory of the front-end probe's model (built if absent)")
+    parser.add_argument("--model", default=None, help="serve this artifact or checkpoint instead of the probe")
+    parser.add_argument("--backend", default="onnxruntime")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--variant", default="fp32")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--instances", type=int, default=1)
+    parser.add_argument("--per-hop", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--window", type=int, default=64, help="requests in flight")
+    parser.add_argument("--peers", type=int, nargs="+", default=[1], help="front ends played (one socket each)")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--data", default=None, help="ids-sst-dev.csv: its first sentences (default: one sentence)")
+    parser.add_argument("--ceiling", action="store_true",
+                        help="with --device cuda and a checkpoint: the engine's in-process ceiling first")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    model = args.model or str(build_probe(Path(args.probe)))
+    config = ServeConfig(model, backend=args.backend, device=args.device, variant=args.variant, threads=args.threads,
+                         instances=args.instances, frontends=2)
+    results = {"machine": machine(), "model": model, "backend": args.backend, "device": args.device,
+               "variant": args.variant, "threads": args.threads, "instances": args.instances,
+               "window_requests": args.window, "data": args.data, "rows": []}
+    print(json.dumps(results["machine"]), flush=True)
+    sentences = load_items("sentiment", args.data)[:max(args.window, 64)] if args.data else [SENTENCE]
+    if args.ceiling:
+        from gpu_check import cuda_ceiling
+
+        found = cuda_ceiling(model, sentences * (1100 // len(sentences)))
+        results["ceiling"] = found
+        print(f"in-process ceiling {found['best']:.1f}/s (median pass {found['median']:.1f}/s)", flush=True)
+    with tempfile.TemporaryDirectory(prefix="engine-hops-") as tmp:
+        engine, control, address = start_engine(config, Path(tmp))
+        context = zmq.Context()
+        sockets = [connect(context, address) for _ in range(max(args.peers))]
+        try:
+            tokenizer = Tokenizer.from_str(pickle.loads(sockets[0].recv_multipart()[1])[1])
+            for socket in sockets[1:]:
+                socket.recv_multipart()  # its READY
+            drive(sockets[:1], tokenizer, sentences, 1, 8, 1.0, engine.pid)  # warm-up
+            for round_ in range(args.rounds):
+                for peers in args.peers:
+                    for per_hop in args.per_hop:
+                        row = {"round": round_ + 1, "peers": peers, "per_hop": per_hop,
+                               **drive(sockets[:peers], tokenizer, sentences, per_hop,
+                                       max(1, args.window // per_hop), args.seconds, engine.pid)}
+                        results["rows"].append(row)
+                        print(f"round {row['round']} peers {peers:2d} per hop {per_hop:3d}: "
+                              f"{row['requests_per_s']:9.1f} requests/s, engine CPU "
+                              f"{row['engine_cpu_ms_per_request']:.4f} ms per request; cores busy: engine "
+                              f"{row['engine_cores_busy']:.2f}, driver {row['driver_cores_busy']:.2f}", flush=True)
+        finally:
+            for socket in sockets:
+                socket.close(0)
+            context.term()
+            control.close()  # the engine's word to stop
+            engine.join(30)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
