@@ -126,7 +126,7 @@ def drive(sockets: list[zmq.Socket], tokenizer: Tokenizer, sentences: list[str],
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--probe", required=True, help="directory of the front-end probe's model (built if absent)")
+    parser.add_argument("--probe", default=None, help="directory of the front-end probe's model (built if absent)")
     parser.add_argument("--model", default=None, help="serve this artifact or checkpoint instead of the probe")
     parser.add_argument("--backend", default="onnxruntime")
     parser.add_argument("--device", default="cpu")
@@ -143,6 +143,8 @@ def main() -> None:
                         help="with --device cuda and a checkpoint: the engine's in-process ceiling first")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    if (args.probe is None) == (args.model is None):
+        parser.error("give --probe DIR (the front-end probe's model) or --model PATH")
     model = args.model or str(build_probe(Path(args.probe)))
     config = ServeConfig(model, backend=args.backend, device=args.device, variant=args.variant, threads=args.threads,
                          instances=args.instances, frontends=2)
