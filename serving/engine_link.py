@@ -138,7 +138,7 @@ class EngineLink:
             return
         frames = hops.pack_jobs(self._outbox, self._cancelled)
         self._outbox, self._cancelled = [], []
-        self._socket.send_multipart(frames)  # copying a few KB beats zero-copy frames
+        hops.send(self._socket, frames)
         self._drain()  # the send may have taken the descriptor's edge: read what came meanwhile
 
     # ------------------------------------------------------------------ answers
@@ -147,7 +147,7 @@ class EngineLink:
         """Handle every message waiting (ZeroMQ's descriptor signals edges: read until there is nothing)."""
         while True:
             try:
-                kind, *rest = self._socket.recv_multipart(zmq.NOBLOCK)
+                kind, *rest = hops.receive(self._socket)
             except zmq.ZMQError:  # zmq.Again: nothing more; any other: the link is closing
                 return
             if self._ready is not None and not self._ready.done():

@@ -13,6 +13,7 @@ ignored here, so the front ends' accepted calls never lose their engine.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import pickle
 import signal
@@ -68,7 +69,7 @@ class EngineHost:
         self._lanes = lanes
         self._ready_message = pickle.dumps((lanes.spec, lanes.tokenizer.to_str()))
         for peer in self._waiting_hellos:
-            self._socket.send_multipart([peer, hops.READY, self._ready_message])
+            hops.send(self._socket, [peer, hops.READY, self._ready_message])
         self._waiting_hellos.clear()
         self._drain()
 
@@ -76,7 +77,7 @@ class EngineHost:
         """Handle every message waiting on the socket."""
         while True:
             try:
-                peer, kind, *frames = self._socket.recv_multipart(zmq.NOBLOCK)
+                peer, kind, *frames = hops.receive(self._socket)
             except zmq.ZMQError:  # zmq.Again: nothing more; any other: the socket is closing
                 return
             try:
@@ -84,7 +85,7 @@ class EngineHost:
                     if self._ready_message is None:
                         self._waiting_hellos.append(peer)
                     else:
-                        self._socket.send_multipart([peer, hops.READY, self._ready_message])
+                        hops.send(self._socket, [peer, hops.READY, self._ready_message])
                 elif kind == hops.JOBS and self._lanes is not None:
                     self._take(peer, frames)
             except Exception:  # one unreadable hop must not stop the engine serving the others
@@ -132,7 +133,7 @@ class EngineHost:
         waiting = {"main": self._lanes.main.waiting, "long": self._lanes.long.waiting}
         outbox, self._outbox = self._outbox, defaultdict(list)
         for peer, outcomes in outbox.items():
-            self._socket.send_multipart([peer, *hops.pack_results(outcomes, waiting)])
+            hops.send(self._socket, [peer, *hops.pack_results(outcomes, waiting)])
         self._drain()
 
 
@@ -161,6 +162,7 @@ async def run_engine(config: ServeConfig, address: str, control: Connection) -> 
             loading.cancel()
             return
         lanes = loading.result()
+        gc.freeze()  # the model and everything loaded stay out of full collections, as in a one-process server
         host.ready(lanes)
         log.info("engine ready: %s on %s, %s", lanes.spec.backend, lanes.spec.device, lanes.spec.precision)
         await stopping
