@@ -136,7 +136,7 @@ class Batcher:
         """Start scheduling; call from the event loop the server runs on."""
         if self._executor is None:
             self._executor = model_worker(self.lane)
-        self._idle_instances = [(self._run, self._executor), *self._more_instances]
+        self._idle_instances = [*reversed(self._more_instances), (self._run, self._executor)]  # taken from the end
         self._loop = asyncio.get_running_loop()
         self._scheduler = self._loop.create_task(self._schedule(), name="bertzoo-batcher")
 
@@ -323,7 +323,9 @@ class Batcher:
         batch = _Batch(items, bucket, prepare_inputs(works, width, self._pad_id), sum(i.rows for i in items))
         self._in_flight += 1
         if self._idle_instances:
-            instance = self._idle_instances.pop(0)
+            # The instance that finished last: at low load the same one runs every batch, its weights still warm in
+            # the caches (a lone int8 batch ran in 1.80 ms at the median instead of 2.05 when the two alternated).
+            instance = self._idle_instances.pop()
             instance[1].submit(self._work, instance, batch)
         else:  # every instance is busy: the first to finish takes it
             self._staged.append(batch)

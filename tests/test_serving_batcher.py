@@ -187,6 +187,28 @@ def test_with_every_instance_busy_the_next_batch_is_cut_ahead_and_run_by_the_fir
     assert sorted(m for runner in (first, second) for b in runner.batches[1:] for m in b[0]) == [3, 4, 4]
 
 
+def test_at_low_load_the_instance_that_finished_last_runs_the_next_batch():
+    """One request at a time: every batch runs on the same instance (whose weights the last batch left in the
+    caches), not on each instance in turn."""
+    from bertzoo.serving.workers import model_worker
+
+    first, second = Runner(), Runner()
+
+    async def main():
+        batcher = Batcher(first, bucket_for, pad_id=0, settings=BatchSettings(), metrics=Metrics(),
+                          more_instances=[(second, model_worker("main", 1))])
+        batcher.start()
+        try:
+            for marker in (1, 2, 3):
+                await asyncio.wait_for(batcher.submit([sentence(5, marker=marker)]).future, 5)
+                await until(lambda: batcher._in_flight == 0)
+        finally:
+            await batcher.close(timeout=5)
+
+    asyncio.run(main())
+    assert [b[0] for b in first.batches] == [[1], [2], [3]] and second.batches == []
+
+
 def test_an_idle_model_waits_up_to_the_queue_delay_for_a_fuller_batch():
     runner = Runner()
 
