@@ -11,12 +11,12 @@ benchmarks/padding_sim.py); with ``pad_to="bucket"`` the length bucket.
 - **How much**: that bucket's items, oldest first, while the batch stays within ``max_batch_size`` sequences and
   ``max_batch_tokens`` padded tokens (rows x bucket width). An item is never split, so a QA item with more windows
   than a batch allows runs alone.
-- **When**: at once when an engine instance is idle (``max_queue_delay_ms`` > 0 lets an idle model wait that long
-  for a fuller batch). While every instance runs a batch, the next one is cut and padded ahead, and the first instance
-  to finish takes it on its own worker thread, without waiting for the event loop: at once with several instances
-  (CPU engines, where a batch costs in proportion to its rows), and with one instance (a GPU's usual setting, where a
-  batch costs about the same at 1 row or 32) only when a full batch waits; otherwise it is cut when the instance
-  frees, taking everything that came meanwhile.
+- **When**: at once when an engine instance is idle (of several, the one that finished last: its weights are warm;
+  ``max_queue_delay_ms`` > 0 lets an idle model wait that long for a fuller batch). While every instance runs a
+  batch, the next one is cut and padded ahead, and the first instance to finish takes it on its own worker thread,
+  without waiting for the event loop: at once with several instances (CPU engines, where a batch costs in proportion
+  to its rows), and with one instance (a GPU's usual setting, where a batch costs about the same at 1 row or 32) only
+  when a full batch waits; otherwise it is cut when the instance frees, taking everything that came meanwhile.
 
 The model runs on worker threads, never on the event loop: one per engine instance (``--instances``; batches run
 side by side, one per instance). A server has two batchers ("lanes", served by two
