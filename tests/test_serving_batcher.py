@@ -148,16 +148,21 @@ def test_a_full_batch_is_cut_while_the_worker_is_busy_so_two_batches_are_in_flig
     assert [b[0] for b in runner.batches] == [[1], [2, 2, 2, 2]]
 
 
+def two_instances(first, second) -> Batcher:
+    """A batcher with ``first`` on its own worker and ``second`` as a second instance (call from the event loop)."""
+    from bertzoo.serving.workers import model_worker
+
+    return Batcher(first, bucket_for, pad_id=0, settings=BatchSettings(), metrics=Metrics(),
+                   more_instances=[(second, model_worker("main", 1))])
+
+
 def test_with_every_instance_busy_the_next_batch_is_cut_ahead_and_run_by_the_first_to_finish():
     """With two instances, one waiting item is cut into a batch at once while both run (one instance keeps
     collecting: the test above); only one batch is cut ahead, and it runs when either instance finishes."""
-    from bertzoo.serving.workers import model_worker
-
     first, second = Runner(), Runner()
 
     async def main():
-        batcher = Batcher(first, bucket_for, pad_id=0, settings=BatchSettings(), metrics=Metrics(),
-                          more_instances=[(second, model_worker("main", 1))])
+        batcher = two_instances(first, second)
         batcher.start()
         try:
             first.gate.clear()
@@ -190,13 +195,10 @@ def test_with_every_instance_busy_the_next_batch_is_cut_ahead_and_run_by_the_fir
 def test_at_low_load_the_instance_that_finished_last_runs_the_next_batch():
     """One request at a time: every batch runs on the same instance (whose weights the last batch left in the
     caches), not on each instance in turn."""
-    from bertzoo.serving.workers import model_worker
-
     first, second = Runner(), Runner()
 
     async def main():
-        batcher = Batcher(first, bucket_for, pad_id=0, settings=BatchSettings(), metrics=Metrics(),
-                          more_instances=[(second, model_worker("main", 1))])
+        batcher = two_instances(first, second)
         batcher.start()
         try:
             for marker in (1, 2, 3):
