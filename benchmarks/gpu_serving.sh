@@ -23,7 +23,8 @@
 #                 again with their ceiling, in the foreground, at most S s (default 200)
 #   engine [S]    (.gpu/serve/pkg, .gpu/serve/p1) the engine process alone (benchmarks/engine_hops.py): the torch
 #                 engine on CUDA fed hops straight over its socket, 1 and 12 front ends played, against its in-process
-#                 ceiling: whether the engine process or the front ends hold the served rate back; at most S s (200)
+#                 ceiling: whether the engine process or the front ends hold the served rate back; at most S s (200);
+#                 then the front-end probe's engine alone, against the ~4,900/s the probe server reached at N = 4-12
 #   piece p2 .. p5  (.gpu/serve/pN) onnxruntime-gpu's pieces; the benchmark's log so far
 #   finish [S]    (.gpu/serve/p6) the last piece, OpenVINO and the dev sets; waits at most S s (default 400) for the
 #                 benchmark; gpu_check.py's ONNX Runtime rows (fp32 parity with use_tf32=0); OpenVINO (bf16 where the
@@ -119,7 +120,9 @@ again)  # (.gpu/serve/pkg, .gpu/serve/p1) after a change to the request path: pa
 engine)
   install
   (cd $S/bench && timeout "${2:-200}" python3 engine_hops.py --model $S/run --backend torch --device cuda --ceiling \
-    --data $S/data/ids-sst-dev.csv --per-hop 1 8 --peers 1 12 --window 256 --seconds 8 --json "$OUT/engine_hops.json")
+    --data $S/data/ids-sst-dev.csv --per-hop 1 8 --peers 1 12 --window 256 --seconds 8 --json "$OUT/engine_hops.json"
+   timeout 90 python3 engine_hops.py --probe $S/probe --data $S/data/ids-sst-dev.csv --per-hop 1 --peers 1 12 \
+    --seconds 8 --json "$OUT/engine_hops_probe.json")
   ;;
 piece)
   cat $G/$2/ort.* >> $S/ort.whl; ls -la $S/ort.whl; progress
