@@ -172,7 +172,7 @@ class EngineLink:
         that, so the descriptor does not stay readable and wake the loop for nothing."""
         while True:
             try:
-                event = parse_monitor_message(self._monitor.recv_multipart(zmq.NOBLOCK))["event"]
+                event = parse_monitor_message(hops.receive(self._monitor))["event"]
             except zmq.ZMQError:
                 return
             if event == zmq.EVENT_CONNECTED:
