@@ -22,6 +22,14 @@ negation 9%, ...). So the third kind, ``question``, rewrites the question the sa
 Antonym and negation rewrites are unanswerable by SQuAD 2.0's own annotation guidelines, not by construction; a
 few of them may still have an answer, which is label noise we accept.
 
+Two styles (``NEGATIVE_STYLES``). ``far``, as above, makes negatives that share few words with their paragraph: a
+swapped-in name the paragraph never mentions, a random other paragraph. Real SQuAD 2.0 unanswerable questions share
+as many words with their paragraph as answerable ones do, so ``far`` also teaches a shortcut (few shared words: no
+answer) that does not hold on them. ``close`` keeps the overlap: the entity swap takes another name or number of the
+same shape from the paragraph itself (falling back to ``far``'s swap when it has none), and ``other`` takes the
+paragraph of the article that shares the most words with the question. A swap within the paragraph can now and then
+still have an answer: label noise again, the price of negatives that look like the real ones.
+
 Torch-free and deterministic for a seed, so a resumed run rebuilds exactly the same training set.
 """
 
@@ -110,7 +118,7 @@ def _names(text: str) -> list[tuple[int, int]]:
     return found
 
 
-def _names_and_numbers(text: str) -> list[tuple[int, int]]:
+def names_and_numbers(text: str) -> list[tuple[int, int]]:
     return [*_names(text), *(m.span() for m in _NUMBER.finditer(text))]
 
 
@@ -125,7 +133,7 @@ def entity_pool(contexts: Sequence[str]) -> EntityPool:
     """Names and numbers found in ``contexts``, grouped by shape (kind, words or digits) for like-for-like swaps."""
     pool: dict[tuple[str, int], set[str]] = {}
     for context in contexts:
-        for start, end in _names_and_numbers(context):
+        for start, end in names_and_numbers(context):
             pool.setdefault(_shape(context[start:end]), set()).add(context[start:end])
     return {shape: sorted(values) for shape, values in pool.items()}
 
@@ -134,7 +142,7 @@ def swap_entity(question: str, context: str, pools: Sequence[EntityPool], rng: r
     """The question with one name or number replaced by one of the same shape that ``context`` never mentions.
 
     ``pools`` are tried in order: the article's own names first (a related name is the hard, plausible kind)."""
-    spans = _names_and_numbers(question)
+    spans = names_and_numbers(question)
     rng.shuffle(spans)
     normalized_context = f" {normalize_answer(context)} "
     for start, end in spans:
@@ -143,6 +151,21 @@ def swap_entity(question: str, context: str, pools: Sequence[EntityPool], rng: r
             for other in rng.sample(options, min(10, len(options))):
                 if other != question[start:end] and f" {normalize_answer(other)} " not in normalized_context:
                     return question[:start] + other + question[end:]
+    return None
+
+
+def swap_entity_within(question: str, context: str, rng: random.Random) -> str | None:
+    """The question with one name or number replaced by another of the same shape from ``context`` itself, one the
+    question does not already name (a plausible, related entity, as in SQuAD 2.0's own entity swaps)."""
+    spans = names_and_numbers(question)
+    rng.shuffle(spans)
+    pool = entity_pool([context])
+    normalized_question = f" {normalize_answer(question)} "
+    for start, end in spans:
+        options = [other for other in pool.get(_shape(question[start:end]), [])
+                   if f" {normalize_answer(other)} " not in normalized_question]
+        if options:
+            return question[:start] + rng.choice(options) + question[end:]
     return None
 
 
@@ -157,20 +180,29 @@ def swap_antonym(question: str, rng: random.Random) -> str | None:
     return question[:m.start()] + opposite + question[m.end():]
 
 
+def is_negated(question: str) -> bool:
+    return _NEGATED.search(question) is not None
+
+
 def negate(question: str) -> str | None:
     """The question's first auxiliary verb negated, unless the question is negated already."""
     m = _AUXILIARY.search(question)
-    if m is None or _NEGATED.search(question):
+    if m is None or is_negated(question):
         return None
     negated = _NEGATIONS[m.group(1).lower()]
     negated = negated.capitalize() if m.group(1)[0].isupper() else negated
     return question[:m.start()] + negated + question[m.end():]
 
 
-def perturb_question(example: QAExample, pools: Sequence[EntityPool], rng: random.Random) -> str | None:
-    """One SQuAD 2.0-style rewrite of the question (entity swap twice as likely as antonym or negation), or None."""
-    rewrites = [lambda: swap_entity(example.question, example.context, pools, rng)] * 2 + [
-        lambda: swap_antonym(example.question, rng), lambda: negate(example.question)]
+def perturb_question(example: QAExample, pools: Sequence[EntityPool], rng: random.Random,
+                     style: str = "far") -> str | None:
+    """One SQuAD 2.0-style rewrite of the question, or None."""
+    def entity() -> str | None:
+        within = swap_entity_within(example.question, example.context, rng) if style == "close" else None
+        return within or swap_entity(example.question, example.context, pools, rng)
+
+    # Entity swap twice as likely as antonym or negation.
+    rewrites = [entity] * 2 + [lambda: swap_antonym(example.question, rng), lambda: negate(example.question)]
     rng.shuffle(rewrites)
     for rewrite in rewrites:
         question = rewrite()
@@ -193,16 +225,41 @@ def needed_unanswerable(n_total: int, n_unanswerable: int, fraction: float) -> i
     return max(0, math.ceil((fraction * n_total - n_unanswerable) / (1.0 - fraction)))
 
 
+NEGATIVE_STYLES = ("far", "close")
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(normalize_answer(text).split())
+
+
+def _other_paragraph(example: QAExample, article: Sequence[str], words: dict[str, frozenset[str]] | None,
+                     rng: random.Random) -> str | None:
+    """Another paragraph of the example's article that does not hold its answer: a random one (``far``, no ``words``;
+    None when the draw holds the answer) or, given each paragraph's ``words`` (``close``), the one sharing the most
+    words with the question (the first on a tie)."""
+    if words is None:
+        others = [p for p in article if p != example.context]
+        context = rng.choice(others) if others else None
+        return None if context is None or _mentions_an_answer(context, example.answers) else context
+    question = _words(example.question)
+    by_overlap = sorted((p for p in article if p != example.context), key=lambda p: -len(question & words[p]))
+    return next((p for p in by_overlap if not _mentions_an_answer(p, example.answers)), None)
+
+
 # Half of the negatives rewrite the question (the kind SQuAD 2.0 is made of), a quarter each change the context.
 _KIND_CYCLE = ("question", "removed", "question", "other")
 
 
-def synthesize_unanswerable(examples: Sequence[QAExample], fraction: float, seed: int = 0) -> list[QAExample]:
-    """New unanswerable examples so that they and the given unanswerable ones make up about ``fraction`` of all.
+def synthesize_unanswerable(examples: Sequence[QAExample], fraction: float, seed: int = 0,
+                            style: str = "far") -> list[QAExample]:
+    """New unanswerable examples so that they and the given unanswerable ones make up about ``fraction`` of all, in
+    one of ``NEGATIVE_STYLES`` (see the module's docstring).
 
     Kinds follow ``_KIND_CYCLE``; when an example cannot give the planned kind the next ones are tried. An
     answerable question is used at most once. Returns fewer than asked for when the data runs out of negatives.
     """
+    if style not in NEGATIVE_STYLES:
+        raise ValueError(f"synthetic negatives' style must be one of {NEGATIVE_STYLES}, got {style!r}")
     wanted = needed_unanswerable(len(examples), sum(e.is_impossible for e in examples), fraction)
     if wanted == 0:
         return []
@@ -213,6 +270,7 @@ def synthesize_unanswerable(examples: Sequence[QAExample], fraction: float, seed
             same_article.append(e.context)
     article_pools = {title: entity_pool(article) for title, article in paragraphs.items()}
     all_pool = entity_pool([p for article in paragraphs.values() for p in article])
+    words = {p: _words(p) for article in paragraphs.values() for p in article} if style == "close" else None
     rng = random.Random(seed)
     candidates = [e for e in examples if not e.is_impossible]
     rng.shuffle(candidates)
@@ -223,7 +281,7 @@ def synthesize_unanswerable(examples: Sequence[QAExample], fraction: float, seed
         first = len(made) % len(_KIND_CYCLE)
         for kind in _KIND_CYCLE[first:] + _KIND_CYCLE[:first]:
             if kind == "question":
-                question = perturb_question(e, (article_pools[e.title], all_pool), rng)
+                question = perturb_question(e, (article_pools[e.title], all_pool), rng, style)
                 if question is not None:
                     made.append(_as_unanswerable(e, kind, question=question))
                     break
@@ -231,10 +289,7 @@ def synthesize_unanswerable(examples: Sequence[QAExample], fraction: float, seed
             if kind == "removed":
                 context = remove_answer_sentences(e)
             else:
-                others = [p for p in paragraphs.get(e.title, []) if p != e.context]
-                context = rng.choice(others) if others else None
-                if context is not None and _mentions_an_answer(context, e.answers):
-                    context = None
+                context = _other_paragraph(e, paragraphs[e.title], words, rng)
             if context is not None:
                 made.append(_as_unanswerable(e, kind, context=context))
                 break

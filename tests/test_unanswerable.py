@@ -15,6 +15,7 @@ from bertzoo.unanswerable import (
     remove_answer_sentences,
     swap_antonym,
     swap_entity,
+    swap_entity_within,
     synthesize_unanswerable,
 )
 
@@ -102,3 +103,38 @@ def test_synthesized_share_kinds_label_safety_and_determinism() -> None:
             assert normalize_answer(source.answers[0]) not in normalize_answer(negative.context)
     assert [e.__dict__ for e in synthesize_unanswerable(examples, 0.5, seed=3)] == [e.__dict__ for e in made]
     assert synthesize_unanswerable(examples, 0.0, seed=3) == []
+
+
+def test_close_swap_takes_a_same_shape_name_from_the_paragraph_the_question_does_not_name() -> None:
+    context = "In 1889 Gustave Eiffel built the tower. In 2006 Jean Nouvel drew the museum for Jacques Chirac."
+    rewrites = {swap_entity_within("What did Gustave Eiffel build in 1889?", context, random.Random(seed))
+                for seed in range(30)}
+    assert rewrites == {"What did Jean Nouvel build in 1889?", "What did Jacques Chirac build in 1889?",
+                        "What did Gustave Eiffel build in 2006?"}
+    # Nothing of the same shape in the paragraph but the question's own entity.
+    assert swap_entity_within("What did Lyon build?", "The city of Lyon built it.", random.Random(0)) is None
+
+
+def test_close_other_paragraph_is_the_one_sharing_most_words_with_the_question() -> None:
+    near = "The river that runs through the city of Lyon is the Rhone."
+    unrelated = ["Wine is sold in small shops.", "Silk was woven there for centuries.", "Tourists visit in June."]
+    questions = [("Which river runs through the city?", "Seine"), ("What is the capital of France?", "Paris"),
+                 ("From where does the river run through the city?", "east")]
+    examples = [_example(f"p{i}", q, a) for i, (q, a) in enumerate(questions)]
+    examples += [_example(f"o{i}", "What is sold?", text.split()[0], text) for i, text in enumerate([near, *unrelated])]
+    examples = [QAExample(**{**e.__dict__, "id": f"{e.id}-{i}"}) for i, e in enumerate(examples * 6)]
+    examples.append(QAExample(id="real", question="Who?", context=PARIS, answers=(), answer_starts=(),
+                              is_impossible=True, title="France"))
+    made = {style: {e.id.split("-noans-")[0]: e.context
+                    for e in synthesize_unanswerable(examples, 0.5, seed=1, style=style) if e.id.endswith("-other")}
+            for style in ("far", "close")}
+    river = [source for source in made["close"] if "river" in _question_of(examples, source)]
+    assert river and all(made["close"][source] == near for source in river)
+    assert set(made["far"].values()) - {near}  # far draws any other paragraph
+    for source, context in made["close"].items():  # still label-safe
+        answer = next(e.answers[0] for e in examples if e.id == source)
+        assert normalize_answer(answer) not in normalize_answer(context)
+
+
+def _question_of(examples: list[QAExample], source_id: str) -> str:
+    return next(e.question for e in examples if e.id == source_id)

@@ -8,6 +8,7 @@ import typing
 from dataclasses import asdict, dataclass, field, fields
 
 from bertzoo.tasks import TASK_NAMES, Limits
+from bertzoo.unanswerable import NEGATIVE_STYLES
 
 SAMPLINGS = ("round_robin", "proportional", "annealed", "dynamic")
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -50,6 +51,9 @@ class TrainConfig:
     # questions to this share (core/unanswerable.py). 1/2 is the share in the official v2.0 dev and test sets
     # (train has 1/3): a model trained on fewer abstains too rarely. 0 turns it off.
     qa_unanswerable_fraction: float = 0.5
+    # How those synthetic questions relate to their paragraph: "far" (few shared words) or "close" (as many as real
+    # SQuAD 2.0 unanswerable questions share); core/unanswerable.py, NEGATIVE_STYLES.
+    qa_unanswerable_style: str = "far"
     # Each real unanswerable training question appears this many times (the synthetic ones once): only the real ones
     # are written the way the dev and test sets' are, and the shared data holds a few hundred of them.
     qa_real_unanswerable_repeat: int = 1
@@ -146,6 +150,8 @@ class TrainConfig:
                              f"sentiment_dataset sst5, not {self.sentiment_dataset!r}")
         if not 0.0 <= self.qa_unanswerable_fraction < 1.0:
             raise ValueError(f"qa_unanswerable_fraction must be in [0, 1), got {self.qa_unanswerable_fraction}")
+        if self.qa_unanswerable_style not in NEGATIVE_STYLES:
+            raise ValueError(f"qa_unanswerable_style must be one of {NEGATIVE_STYLES}, got {self.qa_unanswerable_style!r}")
         if self.qa_real_unanswerable_repeat < 1:
             raise ValueError(f"qa_real_unanswerable_repeat must be >= 1, got {self.qa_real_unanswerable_repeat}")
         if self.qa_calibration_articles < 0:

@@ -90,10 +90,11 @@ def _unanswerable_top_up(examples: list, config: TrainConfig) -> list:
     # Only for SQuAD 2.0-style data: a v1.1 model is never asked to abstain.
     if not config.qa_unanswerable_fraction or not any(e.is_impossible for e in examples):
         return []
-    made = synthesize_unanswerable(examples, config.qa_unanswerable_fraction, config.seed)
+    made = synthesize_unanswerable(examples, config.qa_unanswerable_fraction, config.seed,
+                                   config.qa_unanswerable_style)
     share = (sum(e.is_impossible for e in examples) + len(made)) / max(1, len(examples) + len(made))
     kinds = Counter(e.id.rsplit("-", 1)[-1] for e in made)
-    log.info("qa/train: added %d synthetic unanswerable questions (%d question rewritten, %d answer-sentence-removed, "
-             "%d other-paragraph); unanswerable share now %.1f%%", len(made), kinds["question"], kinds["removed"],
-             kinds["other"], 100 * share)
+    log.info("qa/train: added %d synthetic unanswerable questions, style %s (%d question rewritten, %d "
+             "answer-sentence-removed, %d other-paragraph); unanswerable share now %.1f%%", len(made),
+             config.qa_unanswerable_style, kinds["question"], kinds["removed"], kinds["other"], 100 * share)
     return made
