@@ -246,20 +246,24 @@ def _other_paragraph(example: QAExample, article: Sequence[str], words: dict[str
     return next((p for p in by_overlap if not _mentions_an_answer(p, example.answers)), None)
 
 
+NEGATIVE_KINDS = ("question", "removed", "other")
 # Half of the negatives rewrite the question (the kind SQuAD 2.0 is made of), a quarter each change the context.
-_KIND_CYCLE = ("question", "removed", "question", "other")
+DEFAULT_KIND_CYCLE = ("question", "removed", "question", "other")
 
 
-def synthesize_unanswerable(examples: Sequence[QAExample], fraction: float, seed: int = 0,
-                            style: str = "far") -> list[QAExample]:
+def synthesize_unanswerable(examples: Sequence[QAExample], fraction: float, seed: int = 0, style: str = "far",
+                            kinds: Sequence[str] = DEFAULT_KIND_CYCLE) -> list[QAExample]:
     """New unanswerable examples so that they and the given unanswerable ones make up about ``fraction`` of all, in
     one of ``NEGATIVE_STYLES`` (see the module's docstring).
 
-    Kinds follow ``_KIND_CYCLE``; when an example cannot give the planned kind the next ones are tried. An
+    Kinds follow the cycle ``kinds`` (of ``NEGATIVE_KINDS``); when an example cannot give the planned kind the next
+    ones of the cycle are tried. An
     answerable question is used at most once. Returns fewer than asked for when the data runs out of negatives.
     """
     if style not in NEGATIVE_STYLES:
         raise ValueError(f"synthetic negatives' style must be one of {NEGATIVE_STYLES}, got {style!r}")
+    if not kinds or set(kinds) - set(NEGATIVE_KINDS):
+        raise ValueError(f"synthetic negatives' kinds must be some of {NEGATIVE_KINDS}, got {list(kinds)}")
     wanted = needed_unanswerable(len(examples), sum(e.is_impossible for e in examples), fraction)
     if wanted == 0:
         return []
@@ -278,8 +282,8 @@ def synthesize_unanswerable(examples: Sequence[QAExample], fraction: float, seed
     for e in candidates:
         if len(made) >= wanted:
             break
-        first = len(made) % len(_KIND_CYCLE)
-        for kind in _KIND_CYCLE[first:] + _KIND_CYCLE[:first]:
+        first = len(made) % len(kinds)
+        for kind in [*kinds[first:], *kinds[:first]]:
             if kind == "question":
                 question = perturb_question(e, (article_pools[e.title], all_pool), rng, style)
                 if question is not None:

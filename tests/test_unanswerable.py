@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import pytest
+
 from bertzoo.data import QAExample
 from bertzoo.qa import normalize_answer
 from bertzoo.unanswerable import (
@@ -138,3 +140,18 @@ def test_close_other_paragraph_is_the_one_sharing_most_words_with_the_question()
 
 def _question_of(examples: list[QAExample], source_id: str) -> str:
     return next(e.question for e in examples if e.id == source_id)
+
+
+def test_kinds_choose_what_is_made_and_unknown_ones_are_refused() -> None:
+    examples = [_example(f"p{i}", q, a) for i, (q, a) in enumerate(
+        [("Which river runs through the city?", "Seine"), ("How many inhabitants does the city have?", "2,100,000")])]
+    examples += [_example("l0", "What river is Lyon on?", "Rhone", LYON)]
+    examples = [QAExample(**{**e.__dict__, "id": f"{e.id}-{i}"}) for i, e in enumerate(examples * 4)]
+    examples.append(QAExample(id="real", question="Who?", context=PARIS, answers=(), answer_starts=(),
+                              is_impossible=True, title="France"))
+    for kinds in (("removed",), ("question",), ("removed", "other")):
+        made = synthesize_unanswerable(examples, 0.5, seed=2, kinds=kinds)
+        assert made and {e.id.rsplit("-", 1)[-1] for e in made} <= set(kinds)
+    for bad in ((), ("removed", "paraphrased")):
+        with pytest.raises(ValueError, match="kinds must be some of"):
+            synthesize_unanswerable(examples, 0.5, kinds=bad)

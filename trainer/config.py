@@ -8,7 +8,7 @@ import typing
 from dataclasses import asdict, dataclass, field, fields
 
 from bertzoo.tasks import TASK_NAMES, Limits
-from bertzoo.unanswerable import NEGATIVE_STYLES
+from bertzoo.unanswerable import DEFAULT_KIND_CYCLE, NEGATIVE_KINDS, NEGATIVE_STYLES
 
 SAMPLINGS = ("round_robin", "proportional", "annealed", "dynamic")
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -54,6 +54,9 @@ class TrainConfig:
     # How those synthetic questions relate to their paragraph: "far" (few shared words) or "close" (as many as real
     # SQuAD 2.0 unanswerable questions share); core/unanswerable.py, NEGATIVE_STYLES.
     qa_unanswerable_style: str = "far"
+    # The kinds made, in turn (a kind that appears twice is made twice as often): "question" rewritten, the answer's
+    # sentence "removed", an "other" paragraph of the article.
+    qa_unanswerable_kinds: tuple[str, ...] = DEFAULT_KIND_CYCLE
     # Each real unanswerable training question appears this many times (the synthetic ones once): only the real ones
     # are written the way the dev and test sets' are, and the shared data holds a few hundred of them.
     qa_real_unanswerable_repeat: int = 1
@@ -119,6 +122,7 @@ class TrainConfig:
         check_field_types(self)
         self.tasks = tuple(self.tasks)
         self.ag_patterns = tuple(self.ag_patterns)
+        self.qa_unanswerable_kinds = tuple(self.qa_unanswerable_kinds)
         unknown = [t for t in self.tasks if t not in TASK_NAMES]
         if unknown or not self.tasks:
             raise ValueError(f"tasks must be a non-empty subset of {TASK_NAMES}, got {list(self.tasks)}")
@@ -152,6 +156,9 @@ class TrainConfig:
             raise ValueError(f"qa_unanswerable_fraction must be in [0, 1), got {self.qa_unanswerable_fraction}")
         if self.qa_unanswerable_style not in NEGATIVE_STYLES:
             raise ValueError(f"qa_unanswerable_style must be one of {NEGATIVE_STYLES}, got {self.qa_unanswerable_style!r}")
+        if not self.qa_unanswerable_kinds or set(self.qa_unanswerable_kinds) - set(NEGATIVE_KINDS):
+            raise ValueError(f"qa_unanswerable_kinds must be some of {NEGATIVE_KINDS}, got "
+                             f"{list(self.qa_unanswerable_kinds)}")
         if self.qa_real_unanswerable_repeat < 1:
             raise ValueError(f"qa_real_unanswerable_repeat must be >= 1, got {self.qa_real_unanswerable_repeat}")
         if self.qa_calibration_articles < 0:

@@ -91,7 +91,7 @@ def _unanswerable_top_up(examples: list, config: TrainConfig) -> list:
     if not config.qa_unanswerable_fraction or not any(e.is_impossible for e in examples):
         return []
     made = synthesize_unanswerable(examples, config.qa_unanswerable_fraction, config.seed,
-                                   config.qa_unanswerable_style)
+                                   config.qa_unanswerable_style, config.qa_unanswerable_kinds)
     share = (sum(e.is_impossible for e in examples) + len(made)) / max(1, len(examples) + len(made))
     kinds = Counter(e.id.rsplit("-", 1)[-1] for e in made)
     log.info("qa/train: added %d synthetic unanswerable questions, style %s (%d question rewritten, %d "
