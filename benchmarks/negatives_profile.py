@@ -12,7 +12,7 @@ the QA training files exactly as ``bertzoo train`` makes them, before its calibr
 - negated: the share with "not", "never", "no" or "n't";
 - overlap: the mean share of the question's words (SQuAD-normalized) that occur in its paragraph.
 
-Torch-free and a few seconds per style.
+Torch-free; about a minute on 2 cores for the shared data.
 """
 
 from __future__ import annotations
@@ -31,15 +31,13 @@ from bertzoo.data import QAExample  # noqa: E402
 from bertzoo.datafiles import load_split  # noqa: E402
 from bertzoo.qa import normalize_answer  # noqa: E402
 from bertzoo.unanswerable import (  # noqa: E402
+    NEGATIVE_KINDS,
     NEGATIVE_STYLES,
     is_negated,
     names_and_numbers,
     synthesize_unanswerable,
+    words_of,
 )
-
-
-def _words(text: str) -> set[str]:
-    return set(normalize_answer(text).split())
 
 
 def names_an_absent_entity(example: QAExample) -> bool:
@@ -50,7 +48,8 @@ def names_an_absent_entity(example: QAExample) -> bool:
 
 def profile(examples: Sequence[QAExample]) -> dict:
     n = len(examples)
-    overlap = sum(len(_words(e.question) & _words(e.context)) / max(1, len(_words(e.question))) for e in examples)
+    overlap = sum(len(words_of(e.question) & words_of(e.context)) / max(1, len(words_of(e.question)))
+                  for e in examples)
     return {"questions": n, "absent": sum(map(names_an_absent_entity, examples)) / n,
             "negated": sum(is_negated(e.question) for e in examples) / n, "overlap": overlap / n}
 
@@ -69,7 +68,7 @@ def main() -> None:
             "train unanswerable (real)": profile([e for e in train if e.is_impossible])}
     for style in NEGATIVE_STYLES:
         made = synthesize_unanswerable(train, 0.5, args.seed, style)
-        for kind in ("question", "removed", "other"):
+        for kind in NEGATIVE_KINDS:
             rows[f"synthetic {style}: {kind}"] = profile([e for e in made if e.id.endswith(f"-{kind}")])
     print(f"{'':34s} {'questions':>9s} {'absent':>7s} {'negated':>7s} {'overlap':>7s}")
     for name, row in rows.items():
