@@ -1,173 +1,144 @@
-"""Golden outputs every engine must meet: one fixed set of inputs covering the four tasks and Embed, the answers of a
-tiny fixed-seed checkpoint stored in tests/data/golden_outputs.json (so a change that moves every engine alike, the
-PyTorch reference included, is seen; regenerated only by ``python tests/data/make_golden.py``), and every engine this
-machine has checked against them within its precision's bounds, through the server's own batch path
-(``engine.run_batch``: one encoder pass for all tasks). Engines this machine lacks skip with the reason."""
+"""Golden outputs every engine must meet: fixed inputs covering the four tasks and Embed, the answers of a checkpoint
+whose weights are the same bits on every machine (tests/golden_model.py: drawn from a seed, never trained), stored in
+tests/data/golden_outputs.json (so a change that moves every engine alike, the PyTorch reference included, is seen;
+regenerated only by ``python tests/data/make_golden.py``). Every engine this machine has is checked against them
+through the server's own batch path (``engine.run_batch``: one encoder pass for all tasks): each output kind within
+its precision's bounds, and every answer users see (class, verdict, span ends) the same. Engines this machine lacks
+skip with the reason. A deliberately wrong engine (a perturbed head or norm, a zeroed output) fails."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from bertzoo import tasks as T
-from bertzoo.cpu import native_bf16
 from bertzoo.export.exporter import ExportOptions, export_checkpoint
-from bertzoo.serving.engine import EMBED, Work, prepare_inputs, run_batch
+from bertzoo.serving.engine import Work, prepare_inputs, run_batch
 from bertzoo.tokenization import Tokenizer
+from golden_model import (
+    ENGINES,
+    GOLDEN_FILE,
+    OUTPUT_KINDS,
+    build,
+    by_kind,
+    decisions,
+    deviations,
+    from_json,
+    margins,
+    reference_outputs,
+    works_for,
+    write_golden_checkpoint,
+)
 
-SENTENCES = ["a gorgeous, witty film", "dull and lifeless from start to finish", "It is a movie.",
-             "the best performances of the year, bar none"]
-PAIRS = [("How do I learn Python quickly?", "What is the fastest way to learn Python?"),
-         ("A man is playing a guitar.", "The stock market fell sharply today."),
-         ("Two dogs run on the beach.", "Dogs are running along the shore.")]
-QA = [("When was the tower finished?", "The Eiffel Tower in Paris was finished in 1889 for the World's Fair."),
-      ("Who wrote the novel?", "The novel was written by Jane Austen and published in 1813.")]
-
-# Per engine: how far its outputs may be from the fp32 PyTorch reference (head logits and scores, QA logits,
-# unit-length embeddings). fp32 engines differ by float summation order only; int8 and fp16 move the states.
-ATOL = {"fp32": 1e-4, "optimized": 1e-3, "int8": 0.25, "fp16": 0.05, "bf16": 0.05}
-
-
-def works_for(tokenizer: Tokenizer) -> list[Work]:
-    limits = T.Limits()
-    sentences = T.encode_sentences(tokenizer, SENTENCES, limits)
-    a, b = T.encode_pairs_separately(tokenizer, [p[0] for p in PAIRS], [p[1] for p in PAIRS], limits)
-    works = [Work("sentiment", (e,)) for e in sentences]
-    works += [Work(task, (x, y)) for task in ("paraphrase", "similarity") for x, y in zip(a, b, strict=True)]
-    works += [Work("qa", tuple(T.encode_qa(tokenizer, q, c, limits))) for q, c in QA]
-    return works + [Work(EMBED, (e,)) for e in sentences]
-
-
-GOLDEN_FILE = Path(__file__).parent / "data" / "golden_outputs.json"
-# How far this machine's PyTorch reference may be from the stored one: other CPUs sum floats in another order, in the
-# 4 training steps too; a change to the model, the heads, tokenization or the batch path moves it by far more.
-STORED_ATOL = 2e-4
-
-
-def reference_outputs(run: Path, works: list[Work], inputs: dict) -> list:
-    """The fp32 PyTorch model's outputs for ``works``, through the server's batch path."""
-    from bertzoo.serving.backends import TorchBackend
-    from bertzoo.trainer.checkpoint import load_model
-
-    model, _, _ = load_model(run)
-    return run_batch(TorchBackend(model.float().eval()), works, inputs, "mean")
-
-
-def to_json(works: list[Work], outputs: list) -> list:
-    """Outputs as JSON values, one per work: a QA work's (start logits, end logits) per window, else a list or number."""
-    def plain(x):
-        return np.asarray(x, dtype=np.float64).round(7).tolist()
-
-    return [{"task": w.task, "start": [plain(a) for a in out[0]], "end": [plain(a) for a in out[1]]}
-            if w.task == "qa" else {"task": w.task, "value": plain(out)} for w, out in zip(works, outputs, strict=True)]
-
-
-def from_json(stored: list) -> list:
-    return [([np.asarray(a) for a in entry["start"]], [np.asarray(a) for a in entry["end"]]) if entry["task"] == "qa"
-            else np.asarray(entry["value"]) for entry in stored]
+# Per precision and output kind, how far an engine's outputs may be from the stored fp32 ones: |got - want| <= atol +
+# rtol * |want|. Set from the spread `make_golden.py --spread` measured (benchmarks/results/golden_spread_*.json,
+# the journal's "Golden outputs"): fp32 engines, on AVX-512 and on AVX2 code paths, were within 1.4e-6 of the
+# stored outputs, so fp32 allows ~15x that; int8 (ONNX Runtime, VNNI) and bf16 (OpenVINO) allow ~5x their widest
+# measured kind. fp16 (CUDA) is not measured here: bf16's bounds, which fp16's 3 more mantissa bits stay inside.
+FP32 = {kind: 2e-5 for kind in OUTPUT_KINDS}
+BF16 = {"sentiment": 0.02, "paraphrase": 0.01, "similarity": 0.004, "qa_start": 0.03, "qa_end": 0.03, "embed": 0.004}
+INT8 = {"sentiment": 0.04, "paraphrase": 0.03, "similarity": 0.015, "qa_start": 0.08, "qa_end": 0.08, "embed": 0.01}
+TOLERANCES = {"fp32": (FP32, 1e-5), "optimized": (FP32, 1e-5), "bf16": (BF16, 1e-2), "fp16": (BF16, 1e-2),
+              "int8": (INT8, 2e-2)}
 
 
 @pytest.fixture(scope="module")
-def golden(tiny_artifact, tmp_path_factory):
-    """(run dir, artifact with every CPU variant, tokenizer, works, padded inputs, the stored golden outputs)."""
-    run, _ = tiny_artifact
-    artifact = tmp_path_factory.mktemp("golden") / "artifact"
-    export_checkpoint(run, artifact, ExportOptions(optimize=True, int8=True, parity_limit=8))
-    tokenizer = Tokenizer.from_file(artifact / "tokenizer.json")
+def golden(tmp_path_factory):
+    """(run dir, artifact with every CPU variant, works, padded inputs, the stored golden outputs)."""
+    root = tmp_path_factory.mktemp("golden")
+    write_golden_checkpoint(root / "run")
+    export_checkpoint(root / "run", root / "artifact", ExportOptions(optimize=True, int8=True, parity_limit=8))
+    tokenizer = Tokenizer.from_file(root / "artifact" / "tokenizer.json")
     works = works_for(tokenizer)
-    inputs = prepare_inputs(works, None, tokenizer.pad_id)
     stored = json.loads(GOLDEN_FILE.read_text())
     assert [entry["task"] for entry in stored["outputs"]] == [w.task for w in works], "regenerate: make_golden.py"
-    return run, artifact, tokenizer, works, inputs, from_json(stored["outputs"])
+    return root / "run", root / "artifact", works, prepare_inputs(works, None, tokenizer.pad_id), \
+        from_json(stored["outputs"])
 
 
-def assert_close(works: list[Work], outputs: list, reference: list, atol: float, what: str) -> None:
-    assert len(outputs) == len(reference)
-    for work, got, want in zip(works, outputs, reference, strict=True):
-        if work.task == "qa":  # (start logits, end logits), one array per window
-            for got_side, want_side in zip(got, want, strict=True):
-                for g, w in zip(got_side, want_side, strict=True):
-                    np.testing.assert_allclose(g, w, atol=atol, rtol=0, err_msg=f"{what} qa")
-        else:
-            np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=atol, rtol=0,
-                                       err_msg=f"{what} {work.task}")
+def check_golden(works: list[Work], outputs: list, reference: list, precision: str, what: str) -> None:
+    """Every output kind within ``precision``'s bounds of ``reference``, and the same decisions."""
+    atols, rtol = TOLERANCES[precision]
+    got, want = by_kind(works, outputs), by_kind(works, reference)
+    for kind in OUTPUT_KINDS:
+        for g, w in zip(got[kind], want[kind], strict=True):
+            np.testing.assert_allclose(g, w, atol=atols[kind], rtol=rtol, err_msg=f"{what} {kind} ({precision})")
+    assert decisions(works, outputs) == decisions(works, reference), f"{what}: the answers users see differ"
 
 
 def test_the_pytorch_reference_still_gives_the_stored_outputs(golden):
-    run, _, _, works, inputs, stored = golden
-    assert_close(works, reference_outputs(run, works, inputs), stored, STORED_ATOL, "the PyTorch reference")
+    run, _, works, inputs, stored = golden
+    check_golden(works, reference_outputs(run, works, inputs), stored, "fp32", "the PyTorch reference")
 
 
-def _has_cuda() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
-def _ort_has(provider: str) -> bool:
-    import onnxruntime as ort
-
-    return provider in ort.get_available_providers()
-
-
-def build(engine: str, run, artifact):
-    """The engine named ``engine``, or pytest.skip with the reason this machine cannot run it."""
-    from bertzoo.serving.backends import OnnxRuntimeBackend, TensorRTWithOrtHeads
-
-    kind, device, precision = engine.split("/")
-    if device == "cuda" and not _has_cuda():
-        pytest.skip("no CUDA GPU here")
-    if kind == "torch":
-        import torch
-
-        from bertzoo.serving.backends import TorchBackend
-        from bertzoo.trainer.checkpoint import load_model
-
-        model, _, _ = load_model(run)
-        return TorchBackend(model.to(device).eval(), torch.device(device), precision=precision)
-    if kind == "onnxruntime-resident":
-        return OnnxRuntimeBackend(artifact, precision, threads=1, device=device, resident_states=True)
-    if kind == "onnxruntime":
-        if device == "cuda" and not _ort_has("CUDAExecutionProvider"):
-            pytest.skip("onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)")
-        return OnnxRuntimeBackend(artifact, precision, threads=1, device=device)
-    if kind == "openvino":
-        pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install 'bertzoo[openvino]')")
-        from bertzoo.serving.backends import OpenVinoBackend
-
-        if precision == "bf16" and not native_bf16():
-            pytest.skip("this CPU has no native bf16 (AVX-512 BF16 or AMX)")
-        return OpenVinoBackend(artifact, precision, threads=1)
-    if kind == "tensorrt":
-        try:
-            import tensorrt  # noqa: F401
-        except ImportError:
-            pytest.skip("the tensorrt package is not installed")
-        from bertzoo.artifact import load_manifest
-
-        engine_artifact = artifact.with_name("artifact-trt")  # an engine is built on the GPU that runs it
-        if not engine_artifact.exists():
-            export_checkpoint(run, engine_artifact, ExportOptions(trt=True, parity_limit=8))
-        return TensorRTWithOrtHeads.from_artifact(engine_artifact, load_manifest(engine_artifact))
-    raise ValueError(engine)
-
-
-ENGINES = ["torch/cpu/fp32", "onnxruntime/cpu/fp32", "onnxruntime/cpu/optimized", "onnxruntime/cpu/int8",
-           "onnxruntime-resident/cpu/fp32", "openvino/cpu/fp32", "openvino/cpu/bf16",
-           "torch/cuda/fp16", "onnxruntime/cuda/fp32", "tensorrt/cuda/fp16"]
+def test_the_golden_decisions_are_clear_of_every_tolerance(golden):
+    """A decision closer to flipping than an engine may err would make the decision check fail a correct engine."""
+    *_, works, _, stored = golden
+    for kind, margin in margins(works, stored).items():
+        largest = max(float(np.max(np.abs(a))) for a in by_kind(works, stored)[kind])
+        widest = max(atols[kind] + rtol * largest for atols, rtol in TOLERANCES.values())
+        assert margin > 2 * widest, f"{kind}: margin {margin:.3f} against a tolerance of {widest:.3f}"
+    assert len(set(decisions(works, stored)["sentiment"])) > 1, "one sentiment class for all: a constant head passes"
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_every_engine_meets_the_golden_outputs(golden, engine):
-    run, artifact, _, works, inputs, reference = golden
-    atol = ATOL[engine.split("/")[2]] + STORED_ATOL
+    run, artifact, works, inputs, reference = golden
     outputs = run_batch(build(engine, run, artifact), works, inputs, "mean")
-    assert_close(works, outputs, reference, atol, engine)
-    if engine.split("/")[2] in ("fp32", "optimized"):  # and the answers users see are the same
-        sentiment = [i for i, w in enumerate(works) if w.task == "sentiment"]
-        assert [int(np.argmax(outputs[i])) for i in sentiment] == [int(np.argmax(reference[i])) for i in sentiment]
+    check_golden(works, outputs, reference, engine.split("/")[2], engine)
+
+
+class WrongHeads:
+    """An engine that runs ``inner`` and then spoils one head's outputs: zeroes them, or adds ``shift``."""
+
+    def __init__(self, inner, task: str, output: int, shift: float | None) -> None:
+        self.inner, self.task, self.output, self.shift = inner, task, output, shift
+
+    def encode(self, batch):
+        return self.inner.encode(batch)
+
+    def head(self, task, inputs):
+        outputs = list(self.inner.head(task, inputs))
+        if task == self.task:
+            spoiled = outputs[self.output]
+            outputs[self.output] = np.zeros_like(spoiled) if self.shift is None else spoiled + self.shift
+        return tuple(outputs)
+
+
+def perturbed_torch_engine(run, parameter: str, scale: float):
+    """The fp32 PyTorch engine with one parameter's first entry multiplied by ``scale``."""
+    import torch
+
+    from bertzoo.serving.backends import TorchBackend
+    from bertzoo.trainer.checkpoint import load_model
+
+    model, _, _ = load_model(run)
+    with torch.no_grad():
+        dict(model.named_parameters())[parameter].view(-1)[0] *= scale
+    return TorchBackend(model.float().eval())
+
+
+WRONG_ENGINES = {
+    # (how it is wrong, the loosest precision whose bounds it must still fail)
+    "sentiment head, one weight 1% off": (lambda run, art: perturbed_torch_engine(
+        run, "heads.sentiment.classifier.weight", 1.01), "fp32"),
+    "an encoder norm's gain 1% off": (lambda run, art: perturbed_torch_engine(
+        run, "encoder.encoder.layer.1.output.LayerNorm.weight", 1.01), "fp32"),
+    "sentiment logits zeroed": (lambda run, art: WrongHeads(build("onnxruntime/cpu/int8", run, art), "sentiment",
+                                                            0, None), "int8"),
+    "QA end logits zeroed": (lambda run, art: WrongHeads(build("onnxruntime/cpu/int8", run, art), "qa", 1, None),
+                             "int8"),
+    "paraphrase logit 0.1 off": (lambda run, art: WrongHeads(build("onnxruntime/cpu/int8", run, art), "paraphrase",
+                                                             0, 0.1), "int8"),
+}
+
+
+@pytest.mark.parametrize("wrong", WRONG_ENGINES)
+def test_a_wrong_engine_fails_the_golden_check(golden, wrong):
+    run, artifact, works, inputs, reference = golden
+    make, precision = WRONG_ENGINES[wrong]
+    outputs = run_batch(make(run, artifact), works, inputs, "mean")
+    with pytest.raises(AssertionError):
+        check_golden(works, outputs, reference, precision, wrong)
+    assert max(d["abs"] for d in deviations(works, outputs, reference).values()) > 0
