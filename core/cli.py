@@ -22,6 +22,8 @@ from .tasks import TASK_NAMES
 
 # Libraries that log every pass at INFO or WARNING (the ONNX exporter and optimizer, ONNX Runtime's fusion and
 # quantization tools, which log through the root logger, torch): shown with --verbose only.
+# Where `bertzoo train` writes a run given no --out (TrainConfig.out_dir's default too).
+DEFAULT_RUN_DIR = "runs/default"
 THIRD_PARTY_LOGGERS = ("torch", "onnxscript", "onnx_ir", "onnxruntime", "fusion_base", "fusion_utils", "onnx_model",
                        "onnx_model_bert", "fusion_embedlayer", "fusion_attention", "fusion_skiplayernorm")
 
@@ -103,7 +105,9 @@ def main(verbose: bool) -> None:
                    "--set ssa_rounds=2 --set ag_patterns='[\"next\",\"first\"]'.")
 @click.option("--data", "data_dir", type=click.Path(exists=True, file_okay=False), default=None,
               help="Data directory in the standard layout (see README). Default: the small bundled samples.")
-@click.option("--out", "out_dir", default="runs/default", help="Run directory: checkpoints, logs, metrics.")
+@click.option("--out", "out_dir", default=None,
+              help=f"Run directory: checkpoints, logs, metrics [default: {DEFAULT_RUN_DIR}, or the first of "
+                   f"{DEFAULT_RUN_DIR}-2, -3, ... that holds no run; with --resume or --force, {DEFAULT_RUN_DIR}].")
 @click.option("--tasks", default=None, help=f"Comma-separated tasks to train [default: {','.join(TASK_NAMES)}].")
 @click.option("--sentiment-dataset", type=click.Choice(["sst5", "cfimdb", "sst2"]), default=None,
               help="Sentiment data: SST-5 (5 labels), CFIMDB or GLUE SST-2 (2 labels each) [default: sst5].")
@@ -194,6 +198,8 @@ def train(preset: str | None, settings: tuple[str, ...], tasks: str | None, enco
 
     given = {k: v for k, v in options.items() if v is not None}
     given.update(_parse_settings(settings))
+    if "out_dir" not in given:
+        given["out_dir"] = str(_default_run_dir(resume or force))
     if tasks:
         given["tasks"] = _parse_tasks(tasks)
     if random_init:
@@ -230,6 +236,22 @@ def train(preset: str | None, settings: tuple[str, ...], tasks: str | None, enco
     if metrics:
         click.echo(format_metrics(metrics))
     print_next_steps(config.out_dir, config.tasks[0])
+
+
+def _default_run_dir(continue_or_replace: bool) -> Path:
+    """Where a run given no --out goes: a repeated `bertzoo train` trains a new run beside the old one instead of
+    refusing, and says where. --resume and --force act on DEFAULT_RUN_DIR itself; so does a torchrun launch, whose
+    ranks would otherwise race to pick a directory."""
+    from bertzoo.trainer.checkpoint import first_free_run_dir
+
+    base = Path(DEFAULT_RUN_DIR)
+    if continue_or_replace or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return base
+    chosen = first_free_run_dir(base)
+    if chosen != base:
+        click.echo(f"{base} holds a run: this one goes to {chosen} (--out to choose the directory, --resume to "
+                   f"continue {base}, --force to replace it)", err=True)
+    return chosen
 
 
 def _load(checkpoint: str):

@@ -60,6 +60,28 @@ def test_a_repeated_train_refuses_resume_continues_and_force_replaces(tmp_path):
     assert (run / "notes.txt").read_text() == "mine"
 
 
+def test_train_without_out_run_twice_keeps_both_runs_and_names_the_second(tmp_path, monkeypatch):
+    """README command 1 ends in `bertzoo train` with no --out: run again, it trains a new run beside the first."""
+    monkeypatch.chdir(tmp_path)
+    first = train(*TINY, "--max-steps", "1")
+    assert first.exit_code == 0, first.output
+    default = tmp_path / "runs" / "default"
+    before = {p.name: p.stat().st_mtime_ns for p in default.iterdir()}
+
+    second = train(*TINY, "--max-steps", "1")
+    assert second.exit_code == 0, second.output
+    assert "runs/default holds a run: this one goes to runs/default-2" in second.output
+    assert "run directory: runs/default-2" in second.output
+    assert "predict runs/default-2 " in second.output and "--out artifacts/default-2 " in second.output
+    assert (tmp_path / "runs" / "default-2" / "LATEST").read_text() == "checkpoint-000001"
+    assert {p.name: p.stat().st_mtime_ns for p in default.iterdir()} == before  # the first run untouched
+
+    assert train(*TINY, "--max-steps", "1").exit_code == 0 and (tmp_path / "runs" / "default-3").is_dir()
+    resumed = train("--resume", "--max-steps", "2", "--no-progress")  # --resume without --out: runs/default
+    assert resumed.exit_code == 0, resumed.output
+    assert (default / "LATEST").read_text() == "checkpoint-000002"
+
+
 def test_a_fresh_directory_or_one_without_a_run_needs_no_flag(tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "README").write_text("a folder the user made")

@@ -60,6 +60,16 @@ def run_entries(out_dir: Path) -> list[Path]:
     return sorted({p for pattern in RUN_ENTRIES for p in out_dir.glob(pattern)}) if out_dir.is_dir() else []
 
 
+def first_free_run_dir(base: Path) -> Path:
+    """``base``, else ``base-2``, ``base-3``, ...: the first that holds no run. Where `bertzoo train` puts a run given
+    no --out, so the same command run twice keeps both runs, as ultralytics' runs/train, train2, ... do."""
+    candidate, number = base, 1
+    while run_entries(candidate):
+        number += 1
+        candidate = base.with_name(f"{base.name}-{number}")
+    return candidate
+
+
 def claim_run_dir(out_dir: Path, resume: bool, force: bool, remove: bool = True) -> None:
     """Refuse to start a new run over an existing one (a repeated command must not take over a finished run); with
     ``force``, remove the old run's entries first. ``remove``: False on the ranks of a distributed run other than 0,
