@@ -7,8 +7,10 @@ only when a command runs, so ``bertzoo --help`` stays fast."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -225,6 +227,25 @@ def _client_options(command):
     return with_connection
 
 
+def _quiet_when_stdout_closes(command):
+    """A reader that stops early (`bertzoo client ... | head -1`) closes stdout while answers still come: end as `yes`
+    does in `yes | head -1`, without a message and with status 141 (128 + SIGPIPE), not with an error."""
+
+    @functools.wraps(command)
+    def quiet(*args, **kwargs):
+        try:
+            try:
+                return command(*args, **kwargs)
+            finally:
+                sys.stdout.flush()  # what is still buffered fails here, not in the interpreter's flush at exit
+        except BrokenPipeError:
+            with contextlib.suppress(OSError, ValueError):  # (no descriptor under click's test runner)
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit goes nowhere
+            sys.exit(141)
+
+    return quiet
+
+
 @click.command("client")
 @click.argument("task", type=click.Choice([*SERVE_TASKS, "info", "health"]))
 @click.argument("texts", nargs=-1)
@@ -239,6 +260,7 @@ def _client_options(command):
                    "or SQuAD .json.")
 @click.option("--output", type=click.Path(dir_okay=False, writable=True), default=None,
               help="With --input: write the JSON lines here (whole, or not at all) instead of to stdout.")
+@_quiet_when_stdout_closes
 def client_command(task: str, texts: tuple[str, ...], connection: dict, timeout: float, service: str,
                    wait: float, input_file: str | None, output: str | None) -> None:
     """Call a bertzoo server and print the answer as JSON. sentiment / embed: TEXT...; paraphrase / similarity:
@@ -287,10 +309,15 @@ def client_command(task: str, texts: tuple[str, ...], connection: dict, timeout:
 
 
 def _rpc_error_line(error, target: str) -> str:
-    """A failed call as one line; a server that cannot be reached at all named as such, with the option to change."""
+    """A failed call as one line; a server that cannot be reached at all, or an address that answers HTTP/1.x instead
+    of gRPC (the metrics port), named as such, with the option to change."""
     import grpc
 
+    from bertzoo.serving.client_channel import answers_http1, http1_reason
+
     details = error.details() or ""
+    if error.code() == grpc.StatusCode.UNAVAILABLE and answers_http1(details):
+        return f"{target} {http1_reason()}"
     if error.code() == grpc.StatusCode.UNAVAILABLE and any(
             words in details for words in ("failed to connect", "Connection refused", "connections to all backends",
                                            "DNS resolution failed")):
@@ -330,8 +357,10 @@ def _answer_file(task: str, texts: tuple[str, ...], input_file: str | None, outp
                 sink.write(json.dumps(answer, ensure_ascii=False) + "\n")
     except grpc.RpcError as e:
         raise click.ClickException(_rpc_error_line(e, connection["target"])) from e
-    except OSError as e:  # the output's folder is missing or not writable
-        raise click.ClickException(f"--output {output}: {e.strerror or e}") from e
+    except BrokenPipeError:  # stdout's reader stopped early: client_command ends quietly
+        raise
+    except OSError as e:  # the output's folder is missing or not writable (or stdout's disk is full)
+        raise click.ClickException(f"{'stdout' if output is None else f'--output {output}'}: {e.strerror or e}") from e
 
 
 @click.command("bench-serve")

@@ -7,6 +7,7 @@ the benchmarks) open channels that behave as the clients' do.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import grpc
@@ -66,3 +67,28 @@ def channel_credentials(tls: bool = False, root_certificates: PemSource = None, 
 def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     """The call metadata that carries ``token`` (``authorization: Bearer <token>``); none without a token."""
     return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+# gRPC's C core tells of a peer that answers in HTTP/1.x in two ways: its status line where the first HTTP/2 frame
+# belongs ("Trying to connect an http1.x server"), or, from Python's http.server and so from the /metrics port of
+# `bertzoo serve`, an error page sent without a status line, whose text is read as a frame header ("got frame type
+# 79", the page's 'O'). A frame type that is a printable character is text, not HTTP/2.
+_FIRST_FRAME = re.compile(r"Expected SETTINGS frame as the first frame, got frame type (\d+)")
+
+
+def answers_http1(details: str) -> bool:
+    """Whether a failed call's details say that the address answered in HTTP/1.x (a web server, a metrics port)."""
+    if "http1.x server" in details:
+        return True
+    frame = _FIRST_FRAME.search(details)
+    return frame is not None and 0x20 <= int(frame.group(1)) < 0x7F
+
+
+def http1_reason() -> str:
+    """What to say of an address that answers HTTP/1.x: most likely the metrics port, and where gRPC is instead."""
+    from .config import ServeConfig
+
+    defaults = ServeConfig.__dataclass_fields__
+    return (f"answers HTTP/1.x, not gRPC (HTTP/2): the metrics port perhaps (serve --metrics-port, "
+            f"{defaults['metrics_port'].default} by default)? `bertzoo serve` takes gRPC on port "
+            f"{defaults['port'].default} by default (--target)")

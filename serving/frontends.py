@@ -193,8 +193,8 @@ def run_with_frontends(config: ServeConfig) -> int:
                 http = serve_metrics(merged_registry(str(metrics_dir), supervisor.pids), config.metrics_host,
                                      config.metrics_port)
             supervisor.start(port)
-            log.info("%d front ends on port %d, engine process %d, run directory %s", config.frontends, port,
-                     supervisor.engine.pid, run_dir)
+            log.info("%d front ends on gRPC port %d (HTTP/2), engine process %d, run directory %s", config.frontends,
+                     port, supervisor.engine.pid, run_dir)
             code = supervisor.watch(wake_reader)
             if code == 0:
                 log.info("stop signal: front ends refuse new calls and finish accepted ones (up to %.0f s)",

@@ -124,9 +124,10 @@ class BertzooServer:
         self._server = server
         if config.metrics_port:
             self.metrics_port = self.metrics.serve(config.metrics_host, config.metrics_port)
-        log.info("listening on %s (%s%s); health NOT_SERVING until the model is ready",
-                 address(config.host, self.port), "TLS" if config.tls else "plaintext",
-                 ", bearer-token auth" if config.auth_token else "")
+        # Said to be gRPC: curl on this port gets "Received HTTP/0.9" from gRPC's core, which owns the socket.
+        log.info("listening on %s for gRPC over HTTP/2 (%s%s; `bertzoo client` or grpcurl, not curl); health "
+                 "NOT_SERVING until the model is ready", address(config.host, self.port),
+                 "TLS" if config.tls else "plaintext", ", bearer-token auth" if config.auth_token else "")
 
     async def load(self) -> None:
         """Open the engine's lanes (in this process: load and warm up the model on its worker threads, while the

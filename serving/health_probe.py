@@ -10,6 +10,8 @@ from typing import Protocol
 
 import grpc
 
+from .client_channel import answers_http1, http1_reason
+
 
 class HealthChecker(Protocol):
     """What a probe needs of a client: :meth:`bertzoo.serving.client.BertzooClient.health`."""
@@ -38,6 +40,8 @@ def probe_health(client: HealthChecker, service: str = "", timeout: float = 5.0)
         if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED) or any(
                 word in details.lower() for word in _TLS_WORDS):
             return HEALTH_AUTH_OR_TLS, f"auth or TLS failure: {code.name}: {details}"
+        if code == grpc.StatusCode.UNAVAILABLE and answers_http1(details):
+            return HEALTH_CANNOT_CONNECT, http1_reason()
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             return HEALTH_CANNOT_CONNECT, f"cannot reach the server: {code.name}: {details}"
         return HEALTH_RPC_FAILED, f"health check failed: {code.name}: {details}"

@@ -105,7 +105,9 @@ async def open_local_lanes(config: ServeConfig, loader: ModelLoader, metrics: Me
         long.start()
     release_freed_memory()
     if config.warmup:
-        log.info("warmed up %d engine instances on length buckets %s", config.instances + (long is not None),
+        # Counted as --instances counts them; the long lane's own instance is named apart, not added in.
+        log.info("warmed up %d engine instance%s%s on length buckets %s", config.instances,
+                 "" if config.instances == 1 else "s", " (+1 for the long-request lane)" if long is not None else "",
                  served.spec.length_buckets)
 
     async def close() -> None:

@@ -3,6 +3,8 @@ it, so a new backend is one module plus one entry."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from bertzoo.cli_serve import serve
@@ -48,6 +50,20 @@ def test_a_device_the_entry_lacks_is_refused_before_any_import():
         check_available("openvino", "cuda")
     with pytest.raises(BackendUnavailable, match="the tensorrt backend runs on a GPU only: add --device cuda"):
         check_available("tensorrt", "cpu")
+
+
+def test_tensorrt_names_everything_missing_in_one_line(monkeypatch):
+    """Without tensorrt, triton and a GPU (as on a CPU machine, made so on any): one refusal names all three and what
+    to install, instead of one missing piece per attempt."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # `import tensorrt` raises ImportError
+    monkeypatch.setitem(sys.modules, "triton", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(BackendUnavailable) as refused:
+        check_available("tensorrt", "cuda")
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith("the tensorrt backend needs tensorrt (")
+    assert "triton (" in line and "sees no CUDA GPU" in line and "pip install tensorrt triton" in line
 
 
 def test_cpu_instances_follow_the_table(monkeypatch):

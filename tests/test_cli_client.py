@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -69,6 +71,26 @@ def test_cli_client_answers_a_file_one_json_line_per_input_in_order(tiny_server,
                                                str(tmp_path / "none.jsonl"), "--target", "127.0.0.1:1", "--timeout", "2"])
     assert missing_server.exit_code == 1 and not (tmp_path / "none.jsonl").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+
+def test_cli_client_ends_quietly_when_its_reader_stops_early(tiny_server, tmp_path):
+    """`bertzoo client embed --input FILE | head -1`: the pipe closed under it ends the client as it ends `yes`, with
+    status 141 and nothing on stderr."""
+    running, _ = tiny_server
+    texts = tmp_path / "many.txt"
+    texts.write_text("a lovely film\n" * 600)  # answers well past a pipe's buffer: writes go on after the close
+    client = subprocess.Popen([sys.executable, "-m", "bertzoo", "client", "embed", "--input", str(texts), "--target",
+                               f"127.0.0.1:{running.port}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        first = client.stdout.readline()
+        client.stdout.close()  # what `head -1` does once it has its line
+        err = client.stderr.read().decode()
+        client.wait(timeout=120)
+    finally:
+        client.kill()
+    assert json.loads(first)["index"] == 0
+    assert "Broken pipe" not in err and "Error" not in err and err == "", err
+    assert client.returncode == 141
 
 
 def client_dimensions(running) -> int:

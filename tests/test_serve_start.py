@@ -3,6 +3,7 @@ port or an absent server, and an in-process serve() that leaves the process's si
 
 from __future__ import annotations
 
+import http.server
 import importlib.util
 import json
 import shutil
@@ -10,6 +11,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 from click.testing import CliRunner
@@ -109,6 +111,38 @@ def test_a_client_that_reaches_nothing_says_so_and_names_the_option():
     result = CliRunner().invoke(main, ["client", "sentiment", "hello", "--target", target, "--timeout", "3"])
     assert result.exit_code == 1
     assert f"nothing answers at {target}: is `bertzoo serve` running there? (--target)" in result.output
+
+
+class _StatusLineHandler(http.server.BaseHTTPRequestHandler):
+    default_request_version = "HTTP/1.1"  # its refusal of HTTP/2's preface starts with a status line
+
+    def log_message(self, *args) -> None:  # not into the command's captured stderr
+        pass
+
+
+@pytest.mark.parametrize("server", ["metrics", "status line"])
+def test_a_client_pointed_at_an_http1_port_says_so(server):
+    """The metrics port (prometheus_client's server, whose refusal of HTTP/2 is a page without a status line) or an
+    HTTP/1.x server that sends one: the client and the health probe say the address answers HTTP/1.x, not gRPC, and
+    name gRPC's default port, instead of "nothing answers"."""
+    if server == "metrics":
+        from prometheus_client import start_http_server
+
+        http1, _ = start_http_server(0, addr="127.0.0.1")
+    else:
+        http1 = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _StatusLineHandler)
+        threading.Thread(target=http1.serve_forever, daemon=True).start()
+    target = f"127.0.0.1:{http1.server_address[1]}"
+    try:
+        call = CliRunner().invoke(main, ["client", "sentiment", "hello", "--target", target, "--timeout", "5"])
+        probe = CliRunner().invoke(main, ["client", "health", "--target", target, "--timeout", "5"])
+    finally:
+        http1.shutdown()
+        http1.server_close()
+    reason = ("answers HTTP/1.x, not gRPC (HTTP/2): the metrics port perhaps (serve --metrics-port, 9400 by default)? "
+              "`bertzoo serve` takes gRPC on port 50051 by default (--target)")
+    assert call.exit_code == 1 and f"Error: {target} {reason}\n" in call.output, call.output
+    assert probe.exit_code == 2 and f"{target}: {reason}" in probe.stderr, probe.stderr
 
 
 def test_serve_leaves_the_signal_handlers_as_it_found_them(tiny_artifact):

@@ -294,8 +294,9 @@ def test_the_pytorch_reference_backend_serves_a_checkpoint(tiny_artifact, served
                                expected, atol=1e-4)
 
 
-def test_two_engine_instances_answer_as_one(tiny_artifact, reference):
-    """--instances 2: concurrent requests spread over two engines, and every answer is the pipeline's."""
+def test_two_engine_instances_answer_as_one(tiny_artifact, reference, caplog):
+    """--instances 2: concurrent requests spread over two engines, and every answer is the pipeline's. The log says
+    the port is gRPC's, and counts the instances as --instances does, the long-request lane's own one named apart."""
     from concurrent.futures import ThreadPoolExecutor
 
     _, artifact = tiny_artifact
@@ -303,8 +304,11 @@ def test_two_engine_instances_answer_as_one(tiny_artifact, reference):
     sentences = load_split(samples_dir(), "sentiment", "dev")[:40]
     expected = T.postprocess_sentiment(pipeline.predict(backend, "sentiment", sentences, tokenizer, limits),
                                        T.task_spec("sentiment"))
+    caplog.set_level("INFO", logger="bertzoo.serving")
     with ServerThread(serve_config(artifact, instances=2, threads=2)) as running, \
             BertzooClient(f"127.0.0.1:{running.port}", timeout=30) as client:
+        assert "warmed up 2 engine instances (+1 for the long-request lane) on length buckets" in caplog.text
+        assert f"listening on 127.0.0.1:{running.port} for gRPC over HTTP/2 (plaintext;" in caplog.text
         with ThreadPoolExecutor(8) as pool:
             answers = list(pool.map(lambda e: client.sentiment([e.text]).results[0], sentences))
     np.testing.assert_allclose([a.probabilities for a in answers], [e.probabilities for e in expected], atol=1e-5)

@@ -142,6 +142,7 @@ def test_frontends_answer_as_one_process_does_with_one_metrics_view(tiny_artifac
     run_dir = server.run_dir()
     out = server.output
     assert out.count("effective config") == 1 and out.count("front end on port") == 2
+    assert "2 front ends on gRPC port" in out  # said to be gRPC: curl on it gets only "Received HTTP/0.9"
     assert "engine ready" in out and out.count("ready: health SERVING") == 2
     # Every front end turned SERVING only after the engine had warmed up.
     assert out.index("warmed up") < out.index("engine ready") < out.index("ready: health SERVING")

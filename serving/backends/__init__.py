@@ -48,7 +48,7 @@ class BackendEntry:
     summary: str  # what MODEL_DIR is for it, in serve --backend's help
     # (source, **options) -> a Backend; options it has no use for are ignored (see create_backend)
     create: Callable[..., Backend]
-    requires: tuple[str, ...]  # the modules it imports; one missing -> BackendUnavailable naming `install`
+    requires: tuple[str, ...]  # the modules it imports; any missing -> BackendUnavailable naming them and `install`
     install: str  # the one-line hint: what to install
     # device -> the --precision values it takes there ("auto" alone: the artifact's variant or engine decides)
     precisions: dict[str, tuple[str, ...]]
@@ -101,8 +101,8 @@ BACKENDS: dict[str, BackendEntry] = {entry.name: entry for entry in (
         ("onnxruntime", "openvino"), openvino.INSTALL_HINT, {"cpu": openvino.PRECISIONS}, cpu_instances=True,
         startup_gate=True, packages=("openvino", "onnxruntime")),
     BackendEntry(
-        "tensorrt", "an artifact exported with --trt (needs --device cuda)", trt.create, ("torch",),
-        pytorch.INSTALL_HINT, {"cuda": ("auto",)}, check=trt.check,
+        "tensorrt", "an artifact exported with --trt (needs --device cuda)", trt.create,
+        ("tensorrt", "triton", "torch", "onnxruntime"), trt.INSTALL_HINT, {"cuda": ("auto",)}, check=trt.check,
         packages=("tensorrt", "onnxruntime", "onnxruntime-gpu")),
     BackendEntry(
         "torch", "a checkpoint or run directory (the PyTorch reference backend)", pytorch.create, ("torch",),
@@ -145,17 +145,27 @@ def check_model_dir(backend: str, model_dir: str, verify_key: str | None = None)
 
 def check_available(backend: str, device: str) -> None:
     """Fail fast, before a server binds its port, when ``backend`` cannot run on ``device`` in this installation:
-    one line naming what to install or change."""
+    one line naming everything to install or change, so that a user does not meet one missing piece per attempt."""
     entry = backend_entry(backend)
     if refusal := entry.device_refusal(device):
         raise BackendUnavailable(refusal)
+    missing = []
     for module in entry.requires:
         try:
             importlib.import_module(module)
         except ImportError as e:
-            raise BackendUnavailable(f"the {backend} backend needs {module} ({e}): {entry.install}") from e
-    if entry.check is not None:
-        entry.check(device)
+            missing.append(f"{module} ({e})")
+    refusals = [f"the {backend} backend needs {', '.join(missing)}: {entry.install}"] if missing else []
+    if entry.check is not None:  # what the device needs besides the modules (a GPU that torch or onnxruntime sees)
+        try:
+            entry.check(device)
+        except BackendUnavailable as e:
+            refusals.append(str(e))
+        except ImportError:  # the check's own module is missing: named above
+            if not missing:
+                raise
+    if refusals:
+        raise BackendUnavailable("; and ".join(refusals))
 
 
 __all__ = ["BACKENDS", "BackendEntry", "BackendUnavailable", "DeviceStates", "OnnxRuntimeBackend", "OpenVinoBackend",

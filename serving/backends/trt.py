@@ -18,6 +18,12 @@ from .base import ENCODER_OUTPUT as OUTPUT
 from .base import BackendUnavailable
 from .ort import OnnxRuntimeBackend
 
+# What serve --backend tensorrt needs, in one line: tensorrt for the engine, triton for its SparsegenLin plugin, a CUDA
+# build of torch for its streams and buffers, onnxruntime for the heads (on the GPU with onnxruntime-gpu).
+INSTALL_HINT = ("on a machine with an NVIDIA GPU and driver, install a CUDA build of torch, then "
+                "`pip install tensorrt triton 'bertzoo[serve-gpu]'` (PyPI's tensorrt fetches NVIDIA's tensorrt-cu* "
+                "wheels at install time)")
+
 
 class TensorRTBackend:
     """``encode`` on a TensorRT encoder engine (the Backend protocol of bertzoo.pipeline, without ``head``: heads
@@ -152,13 +158,8 @@ def create(source: str | Path, *, variant: str = "fp32", threads: int | None = N
 
 
 def check(device: str) -> None:
-    """A torch that sees the GPU (for the engine's streams and buffers) and a usable tensorrt."""
-    from bertzoo.export.tensorrt import TensorRTUnavailable, require_tensorrt
-
+    """A torch that sees the GPU (for the engine's streams and buffers); the modules are the registry's to check, so
+    that one refusal names everything missing."""
     from .pytorch import check as torch_check
 
     torch_check(device)
-    try:
-        require_tensorrt()
-    except TensorRTUnavailable as e:
-        raise BackendUnavailable(str(e)) from e
