@@ -24,9 +24,9 @@ def _backend_choices() -> tuple[click.Choice, str]:
     from bertzoo.serving.backends import BACKENDS
 
     return (click.Choice(["auto", *BACKENDS]),
-            "auto: the fastest on this CPU that keeps fp32-level agreement (ONNX Runtime int8 where the artifact's "
-            "parity report allows, else OpenVINO bf16 where the CPU has native bf16, else ONNX Runtime; "
-            "onnxruntime with --device cuda); "
+            "auto: on the CPU, the fastest engine and --instances that keep fp32-level agreement, measured at the "
+            "artifact's first start on this machine (~15 s on 2 cores; cached, --retune measures again); "
+            "onnxruntime with --device cuda; "
             + "; ".join(f"{name}: {entry.summary}" for name, entry in BACKENDS.items()) + ".")
 
 
@@ -122,10 +122,12 @@ def _serve_option(*decls: str, name: str, **kwargs):
 @_serve_option("--openvino-cache-dir", name="openvino_cache_dir", type=click.Path(file_okay=False),
                help="openvino: where compiled models are cached, so a restart does not compile again "
                     "[default: ~/.cache/bertzoo/openvino].")
+@click.option("--retune", is_flag=True, help="With --backend auto on the CPU: measure the engines again instead of "
+              "reading the choice cached for this artifact and machine.")
 @_serve_option("--cuda-graphs/--no-cuda-graphs", name="cuda_graphs",
                help="torch backend on cuda: replay the encoder as one captured CUDA graph per batch shape.")
 def serve(auth_token_file: str | None, max_batch_size: int, max_batch_tokens: int, max_queue: int,
-          max_queue_delay_ms: float, pad_to: str, **options) -> None:
+          max_queue_delay_ms: float, pad_to: str, retune: bool, **options) -> None:
     """Serve MODEL_DIR over gRPC (bertzoo.v1.Bertzoo, health, reflection) until SIGTERM, with a dynamic batcher and
     Prometheus metrics. Every option can also be set by the environment variable shown."""
     from bertzoo.artifact import ArtifactError
@@ -142,7 +144,7 @@ def serve(auth_token_file: str | None, max_batch_size: int, max_batch_tokens: in
         # Before the port is bound: one line naming what to install, or what MODEL_DIR should be.
         check_model_dir("onnxruntime" if options["backend"] == "auto" else options["backend"], options["model_dir"],
                         options["verify_key"])
-        _resolve_auto(options)
+        _resolve_auto(options, retune)
         check_available(options["backend"], options["device"])
         batch = BatchSettings(max_batch_size, max_batch_tokens, max_queue, max_queue_delay_ms, pad_to)
         config = ServeConfig(batch=batch, **options)
@@ -159,15 +161,34 @@ def serve(auth_token_file: str | None, max_batch_size: int, max_batch_tokens: in
         raise click.ClickException(str(e)) from e
 
 
-def _resolve_auto(options: dict) -> None:
+def _resolve_auto(options: dict, retune: bool = False) -> None:
     """Replace each ``auto`` of --backend, --variant, --instances and --frontends by what it means on this machine and
-    artifact (bertzoo.serving.machine_defaults), and log the choice; a number must be a positive count."""
+    artifact (on the CPU, the engine by measurement: bertzoo.serving.engine_choice; the rest by
+    bertzoo.serving.machine_defaults), and log the choice; a number must be a positive count."""
     import logging
 
     from bertzoo.serving import machine_defaults as auto
     from bertzoo.serving.backends import BACKENDS
 
+    log = logging.getLogger("bertzoo.serving")
     chosen = []
+    for name in ("instances", "frontends"):
+        value = options[name]
+        if value != "auto" and not (value.isdigit() and int(value) >= 1):
+            raise click.BadParameter(f"{value!r} is neither auto nor a count >= 1", param_hint=f"--{name}")
+    if options["backend"] == options["variant"] == "auto" and options["device"] == "cpu":
+        from bertzoo.serving.engine_choice import choose
+
+        forced = None if options["instances"] == "auto" else int(options["instances"])
+        choice = choose(options["model_dir"], options["threads"], forced, retune)
+        engine = choice.chosen
+        options.update(backend=engine.backend, variant=engine.variant, instances=str(engine.instances),
+                       engine_choice=choice.table())
+        if engine.backend == "openvino":
+            options["precision"] = engine.precision
+        log.info("engine for --backend auto (%s): %s", choice.source, engine.label())
+        for line in choice.table():
+            log.info("  %s", line)
     if options["backend"] == "auto":
         options["backend"] = auto.backend(options["model_dir"], options["device"], options["variant"] != "auto")
         chosen.append(f"backend {options['backend']}")
@@ -182,13 +203,10 @@ def _resolve_auto(options: dict) -> None:
         if value == "auto":
             options[name] = rule()
             chosen.append(f"{name} {options[name]}")
-        elif value.isdigit() and int(value) >= 1:
-            options[name] = int(value)
         else:
-            raise click.BadParameter(f"{value!r} is neither auto nor a count >= 1", param_hint=f"--{name}")
+            options[name] = int(value)
     if chosen:
-        logging.getLogger("bertzoo.serving").info("auto on %d cores: %s (any can be forced by its flag)",
-                                                  auto.cores(), ", ".join(chosen))
+        log.info("auto on %d cores: %s (any can be forced by its flag)", auto.cores(), ", ".join(chosen))
 
 
 def _client_options(command):

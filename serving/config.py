@@ -44,6 +44,14 @@ class BatchSettings:
             raise ValueError(f"max_queue_delay_ms must be >= 0, got {self.max_queue_delay_ms}")
 
 
+def engine_threads(threads: int | None, instances: int) -> int | None:
+    """Intra-op threads of each of ``instances`` engine instances on ``threads`` (None: all cores; for one instance,
+    the engine's own default, every core)."""
+    if instances == 1:
+        return threads
+    return max(1, (threads or os.cpu_count() or 1) // instances)
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     model_dir: str  # an export artifact, or a checkpoint / run directory (torch: its entry serves checkpoints)
@@ -67,6 +75,8 @@ class ServeConfig:
     # Front-end processes (gRPC, tokenization, post-processing) in front of one engine process (serving/frontends.py);
     # 1: everything in one process. `bertzoo serve` picks it from the machine (serving/machine_defaults.py).
     frontends: int = 1
+    # The table `--backend auto` chose the engine from on this machine (serving/engine_choice.py), for ModelInfo.
+    engine_choice: tuple[str, ...] = ()
     host: str = "0.0.0.0"
     port: int = 50051  # 0: pick a free port (tests)
     metrics_host: str = "127.0.0.1"  # the metrics endpoint is local unless asked otherwise
@@ -143,9 +153,7 @@ class ServeConfig:
     @property
     def engine_threads(self) -> int | None:
         """Intra-op threads of each engine instance: ``threads`` (default all cores) shared out among the instances."""
-        if self.instances == 1:
-            return self.threads
-        return max(1, (self.threads or os.cpu_count() or 1) // self.instances)
+        return engine_threads(self.threads, self.instances)
 
     @property
     def message_limit(self) -> int:
@@ -170,6 +178,7 @@ class ServeConfig:
         values = dataclasses.asdict(self)
         values.update(values.pop("batch"))
         values["auth_token"] = "<set>" if self.auth_token else None
+        del values["engine_choice"]  # logged as its own table, one line a candidate
         if not (self.backend == "torch" and self.device == "cuda"):
             del values["cuda_graphs"]  # a setting of that engine alone
         if self.backend != "openvino":

@@ -2,20 +2,20 @@
 and the artifact, and any of them can still be forced by its flag. The server logs each choice at start, ModelInfo
 reports the backend, variant and precision, and the README states the rules.
 
-- ``--backend auto --variant auto`` (on the CPU): the fastest engine and precision that keeps fp32-level agreement,
-  ranked by what 2 AVX-512 cores served (benchmarks/RESULTS.md, "Serving on CPU": ONNX Runtime int8 > OpenVINO bf16 >
-  ONNX Runtime optimized > fp32):
-  1. ONNX Runtime int8, where the export's parity report holds it to fp32's own task bounds (same class >= 99.5%,
-     Pearson within 0.002, SQuAD F1 within 0.5): int8 passes its own, looser gates (95% same class) and was 92.6%
-     same class with fp32 on the SST-5 dev set for one model (RESULTS.md, "Agreement with fp32"), so it is a default
-     only where its report shows more;
-  2. OpenVINO bf16, where the CPU computes bf16 natively and OpenVINO is installed (the serving profile installs it):
-     99.8% same class on SST-5 and Quora dev, STS Pearson within 0.0001; its start-up gate checks the artifact;
+- ``--backend auto --variant auto`` on the CPU is measured, not read from flags (serving/engine_choice.py). The rules
+  here are what it falls back on where the measurement fails, and what a forced ``--variant`` or a GPU gets:
+  1. ONNX Runtime int8, where the export's parity report holds it to fp32's task bounds as
+     ``parity_measures.missed_bounds`` computes them (the 95% Wilson upper bound of the same-class share at least
+     99.5%: 2 disagreements in 200 items pass; Pearson within 0.002; SQuAD F1 within 0.5);
+  2. OpenVINO bf16, where the CPU computes bf16 natively and OpenVINO is installed; its start-up gate checks the
+     artifact with bf16's bounds. On one Intel Xeon (AVX-512 BF16, no AMX) this rule's pick served 0.64x of the
+     optimized graph: flags do not rank engines, hence the measurement;
   3. ONNX Runtime's optimized encoder, then fp32, whichever is fastest among those whose report meets fp32's bounds.
-  On a GPU: ONNX Runtime (``--device cuda``), as before.
-- ``--instances auto`` (CPU engines): one single-thread engine instance per core on up to 4 cores (two single-thread
-  instances beat one two-thread instance by 1.2-1.5x on 2 cores: RESULTS.md), one two-thread instance per 2 cores
-  above that, at most 8. Only 2 cores were measured.
+  On a GPU: ONNX Runtime (``--device cuda``).
+- ``--instances auto`` (CPU engines): one single-thread engine instance per core on up to 4 cores, one two-thread
+  instance per 2 cores above that, at most 8. Evidence: 2-core VMs only (two single-thread instances served
+  1.15-1.37x one two-thread instance, RESULTS.md, "Serving on CPU"); with ``--backend auto`` the measurement also
+  tries one instance on every core and keeps the faster.
 - ``--frontends auto``: see :func:`frontends`.
 """
 
@@ -77,11 +77,16 @@ def instances(backend: str, device: str, threads: int | None) -> int:
 
 def frontends(device: str, threads: int | None = None) -> int:
     """Front-end processes: one process (no front ends apart) unless the engine answers more requests than one event
-    loop takes. A front end carries about 2,100 one-sentence requests/s per core (the front-end probe,
-    benchmarks/serve_frontends.py). On the CPU the engine needs the cores itself (``threads`` of them where given,
-    else every usable one) and serves a few hundred sentences/s per 2 cores: one front end per 8 cores. On a GPU the
-    engine serves 11,000-15,000/s from any core count: half the cores, at most 8 (on an H200's 16 host cores, 8 front
-    ends served 1.11x what 4 did and 12 1.04x what 8 did: the engine process's loop bounds the rest)."""
+    loop takes. A rule, with the machines it was measured on (RESULTS.md, "Serving on CPU" and "Serving on GPU"):
+
+    - CPU, one front end per 8 engine cores (``threads`` of them where given, else every usable one). Measured on 2
+      cores only (AMD EPYC VMs): a front end carries about 2,100 one-sentence requests/s per core, the engine a few
+      hundred sentences/s per 2 cores, and 2 front ends served 0.83-0.95x of one process. Above 2 cores the count is
+      an extrapolation, never measured: force ``--frontends`` and compare with ``benchmarks/serve_frontends.py``.
+    - GPU, half the cores, at most 8. Measured on two H200 hosts of 16 Intel Xeon cores, torch fp16 with CUDA graphs,
+      one-sentence requests from h2load: N = 8 served 1.09x and 1.11x N = 4 (two pairs), N = 12 1.04-1.10x N = 8
+      (three pairs): 12 beat 8 each time, by little, while the engine process's loop bounds the rate; 8 is kept to
+      leave the engine its cores. Other core counts were not measured."""
     n = cores()
     if device == "cuda":
         return max(1, min(8, n // 2))

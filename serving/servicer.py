@@ -272,6 +272,6 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
                 backend=spec.backend, variant=spec.variant, pooling=spec.pooling, embedding_dimensions=spec.hidden_size,
                 length_buckets=spec.length_buckets, qa_null_threshold=spec.qa_null_threshold,
                 artifact_versions=spec.artifact_versions, runtime_versions=self._runtime_versions,
-                device=spec.device, precision=spec.precision)
+                device=spec.device, precision=spec.precision, engine_choice=config.engine_choice)
 
         return await self._handle("model_info", context, answer)

@@ -28,6 +28,19 @@ def load_benchmark(name: str):
     return module
 
 
+@pytest.fixture(scope="session", autouse=True)
+def cache_of_this_session(tmp_path_factory):
+    """Caches the suite fills (serve --backend auto's engine choice, OpenVINO's compiled models) in a folder of the
+    session, inherited by the servers it starts: never the user's ~/.cache, and no choice measured on another day."""
+    previous = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+    yield
+    if previous is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = previous
+
+
 TINY_ENCODER = {
     "hidden_size": 32,
     "num_hidden_layers": 2,
