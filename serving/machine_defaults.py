@@ -8,8 +8,7 @@ reports the backend, variant and precision, and the README states the rules.
      ``parity_measures.missed_bounds`` computes them (the 95% Wilson upper bound of the same-class share at least
      99.5%: 2 disagreements in 200 items pass; Pearson within 0.002; SQuAD F1 within 0.5);
   2. OpenVINO bf16, where the CPU computes bf16 natively and OpenVINO is installed; its start-up gate checks the
-     artifact with bf16's bounds. On one Intel Xeon (AVX-512 BF16, no AMX) this rule's pick served 0.64x of the
-     optimized graph: flags do not rank engines, hence the measurement;
+     artifact with bf16's bounds. Flags do not rank engines across CPUs, hence the measurement;
   3. ONNX Runtime's optimized encoder, then fp32, whichever is fastest among those whose report meets fp32's bounds.
   On a GPU: ONNX Runtime (``--device cuda``).
 - ``--instances auto`` (CPU engines): one single-thread engine instance per core on up to 4 cores, one two-thread

@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 from datetime import date
@@ -49,6 +50,17 @@ def cpu() -> dict:
     model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
     flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
     return {"model": model or platform.processor(), "flags": sorted(f for f in flags if f.startswith(("avx", "amx")))}
+
+
+def commit() -> str:
+    """The checked-out commit, "+changes" where the tracked files differ from it."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=TESTS, capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        return git("rev-parse", "--short", "HEAD") + ("+changes" if git("status", "--porcelain", "-uno") else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def regenerate(run: Path) -> None:
@@ -89,8 +101,9 @@ def spread(run: Path, root: Path, out: Path) -> None:
                                                 for k in want}}
         widest = {k: f"{v['abs']:.1e}" for k, v in engines[engine]["deviation"].items()}
         print(f"{engine:32s} {widest} differing decisions {engines[engine]['decisions_differ']}")
-    record = {"command": "python tests/data/make_golden.py --spread " + str(out), "date": date.today().isoformat(),
-              "cpu": cpu(), "isa_variables": {k: os.environ[k] for k in ISA_VARIABLES if k in os.environ},
+    record = {"command": f"python tests/data/make_golden.py --spread {out.name}", "date": date.today().isoformat(),
+              "commit": commit(), "cpu": cpu(),
+              "isa_variables": {k: os.environ[k] for k in ISA_VARIABLES if k in os.environ},
               "reference_margins": margins(works, stored), "engines": engines}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1) + "\n")
