@@ -106,8 +106,9 @@ def main(verbose: bool) -> None:
 @click.option("--data", "data_dir", type=click.Path(exists=True, file_okay=False), default=None,
               help="Data directory in the standard layout (see README). Default: the small bundled samples.")
 @click.option("--out", "out_dir", default=None,
-              help=f"Run directory: checkpoints, logs, metrics [default: {DEFAULT_RUN_DIR}, or the first of "
-                   f"{DEFAULT_RUN_DIR}-2, -3, ... that holds no run; with --resume or --force, {DEFAULT_RUN_DIR}].")
+              help=f"Run directory: checkpoints, logs, metrics [default: {DEFAULT_RUN_DIR}; where it holds a run, "
+                   f"the first of {DEFAULT_RUN_DIR}-2, -3, ... that holds none; --resume and --force act on "
+                   f"{DEFAULT_RUN_DIR}].")
 @click.option("--tasks", default=None, help=f"Comma-separated tasks to train [default: {','.join(TASK_NAMES)}].")
 @click.option("--sentiment-dataset", type=click.Choice(["sst5", "cfimdb", "sst2"]), default=None,
               help="Sentiment data: SST-5 (5 labels), CFIMDB or GLUE SST-2 (2 labels each) [default: sst5].")
