@@ -49,11 +49,29 @@ def pad_states(items: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarr
     return states, masks
 
 
-def progress_bar(label: str | None, total: int) -> tqdm:
+class SilentBar:
+    """What :func:`progress_bar` gives without a label: no tqdm at all. A tqdm bar, even disabled, makes tqdm's
+    multiprocessing lock, a named semaphore in a server's spawned engine process that a SIGKILL would leak."""
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> SilentBar:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+def progress_bar(label: str | None, total: int) -> tqdm | SilentBar:
     """A bar over encoded sequences, labelled e.g. "eval sentiment"; none without a label (tests, the server) and none
     when stderr is not a terminal (logs)."""
-    return tqdm(total=total, desc=label, unit="seq", disable=True if label is None else None, leave=False,
-                dynamic_ncols=True, mininterval=0.5)
+    if label is None:
+        return SilentBar()
+    return tqdm(total=total, desc=label, unit="seq", disable=None, leave=False, dynamic_ncols=True, mininterval=0.5)
 
 
 def encode_states(backend: Backend, encodings: Sequence[Encoding | QAWindow], pad_id: int, batch_size: int,

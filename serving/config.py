@@ -75,6 +75,10 @@ class ServeConfig:
     # Front-end processes (gRPC, tokenization, post-processing) in front of one engine process (serving/frontends.py);
     # 1: everything in one process. `bertzoo serve` picks it from the machine (serving/machine_defaults.py).
     frontends: int = 1
+    # Seconds a client connection lives before the server asks it (HTTP/2 GOAWAY) to reconnect, its calls in flight
+    # given shutdown_grace (at least 5 s) to finish (gRPC core adds +-10% jitter): new connections are spread again, over the front
+    # ends of `--frontends` (a restarted one gets its share back) and over replicas behind a TCP balancer. 0: never.
+    max_connection_age: float = 15.0
     # The table `--backend auto` chose the engine from on this machine (serving/engine_choice.py), for ModelInfo.
     engine_choice: tuple[str, ...] = ()
     host: str = "0.0.0.0"
@@ -147,6 +151,8 @@ class ServeConfig:
         if self.instances > 1 and not (entry.cpu_instances and self.device == "cpu"):
             several = ", ".join(name for name, e in BACKENDS.items() if e.cpu_instances)
             raise ValueError(f"instances > 1 is for the CPU engines ({several}); a GPU engine batches on one device")
+        if self.max_connection_age < 0:
+            raise ValueError(f"max_connection_age must be >= 0 seconds, got {self.max_connection_age}")
         if self.shutdown_grace < 0:
             raise ValueError(f"shutdown_grace must be >= 0, got {self.shutdown_grace}")
 

@@ -30,6 +30,7 @@ from grpc_reflection.v1alpha import reflection
 
 from .config import ServeConfig
 from .engine import EMBED
+from .health_service import DrainingHealthServicer
 from .interceptors import BearerTokenInterceptor, MalformedRequestInterceptor
 from .lanes import Lanes, ModelLoader, open_local_lanes
 from .metrics import Metrics
@@ -68,7 +69,7 @@ class BertzooServer:
         self._share_port = share_port
         self._server: grpc.aio.Server | None = None
         self._servicer: BertzooServicer | None = None
-        self._health: health.aio.HealthServicer | None = None
+        self._health: DrainingHealthServicer | None = None
         self._lanes: Lanes | None = None
         self._service: TaskService | None = None
 
@@ -92,13 +93,19 @@ class BertzooServer:
         # over ours reaches the interceptor, which answers and counts it; gRPC itself refuses (uncounted) only what
         # is more than 4 times over, without buffering it.
         # Clients' keepalive pings (every 30 s by default, serving/client_channel.py) are welcome, even between calls.
+        # A connection older than max_connection_age is asked to reconnect (GOAWAY), so that connections spread again
+        # after a front end restarts or a replica joins; its calls in flight get the shutdown grace (at least 5 s).
+        aging = [("grpc.max_connection_age_ms", int(config.max_connection_age * 1000)),
+                 ("grpc.max_connection_age_grace_ms", int(max(config.shutdown_grace, 5.0) * 1000))
+                 ] if config.max_connection_age else []
         server = grpc.aio.server(interceptors=interceptors, options=[
             ("grpc.so_reuseport", int(self._share_port)), ("grpc.max_receive_message_length", 4 * config.message_limit),
-            ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.min_recv_ping_interval_without_data_ms", 10000)])
+            ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.min_recv_ping_interval_without_data_ms", 10000),
+            *aging])
         servicer = self._servicer = BertzooServicer(lambda: self._service, config, self.metrics,
                                                     runtime_versions(config.backend))
         pb2_grpc.add_BertzooServicer_to_server(servicer, server)
-        self._health = health.aio.HealthServicer()
+        self._health = DrainingHealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
         listen_at = address(config.host, config.port)

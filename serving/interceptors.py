@@ -48,25 +48,33 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         self._open = frozenset(open_methods)
         self._on_reject = on_reject
 
-    def _authorized(self, metadata: tuple | None) -> bool:
-        for key, value in metadata or ():
-            if key == "authorization":  # gRPC lowercases metadata keys
-                given = value.encode() if isinstance(value, str) else value
-                scheme, _, token = given.partition(b" ")
-                # Constant-time comparison: the reply time must not tell how much of a guess was right.
-                return hmac.compare_digest(scheme.lower() + b" " + token.strip(), self._expected)
-        return False
+    def _refusal(self, metadata: tuple | None) -> str | None:
+        """Why the call's credentials are refused, or None: exactly one ``authorization`` value, the token's. Two
+        values (a right one and a wrong one, in either order) are an ambiguous credential, not a credential: which
+        one a proxy or a framework in front reads is not ours to guess."""
+        given = [value for key, value in metadata or () if key == "authorization"]  # gRPC lowercases metadata keys
+        if len(given) > 1:
+            return f"ambiguous credentials: {len(given)} 'authorization' metadata entries; send exactly one"
+        if given:
+            value = given[0].encode() if isinstance(given[0], str) else given[0]
+            scheme, _, token = value.partition(b" ")
+            # Constant-time comparison: the reply time must not tell how much of a guess was right.
+            if hmac.compare_digest(scheme.lower() + b" " + token.strip(), self._expected):
+                return None
+        return "missing or invalid credentials: send metadata 'authorization: Bearer <token>'"
 
     async def intercept_service(self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
                                 ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
-        if handler is None or method in self._open or self._authorized(handler_call_details.invocation_metadata):
+        if handler is None or method in self._open:
+            return handler
+        refusal = self._refusal(handler_call_details.invocation_metadata)
+        if refusal is None:
             return handler
         if self._on_reject is not None:
             self._on_reject(method, grpc.StatusCode.UNAUTHENTICATED, "unauthenticated")
-        return _denying(handler, grpc.StatusCode.UNAUTHENTICATED,
-                        "missing or invalid credentials: send metadata 'authorization: Bearer <token>'")
+        return _denying(handler, grpc.StatusCode.UNAUTHENTICATED, refusal)
 
 
 class BadMessage(Exception):
