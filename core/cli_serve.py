@@ -111,9 +111,8 @@ def _serve_option(*decls: str, name: str, **kwargs):
 @_serve_option("--verify-key", name="verify_key", type=click.Path(exists=True, dir_okay=False),
                help="Ed25519 public key (PEM): serve only an artifact whose manifest it signed (export --sign-key).")
 @_serve_option("--max-connection-age", name="max_connection_age", type=float,
-               help="Seconds before a client connection is asked to reconnect (calls in flight get --shutdown-grace, at "
-                    "least 5 s), "
-                    "so connections spread again over front ends and replicas; 0: never.")
+               help="Seconds before a client connection is asked to reconnect (calls in flight get --shutdown-grace, "
+                    "at least 5 s), so connections spread again over front ends and replicas; 0: never.")
 @_serve_option("--shutdown-grace", name="shutdown_grace", type=float,
                help="Seconds accepted requests get to finish after SIGTERM.")
 @_serve_option("--warmup/--no-warmup", name="warmup", help="Run every length bucket once before reporting SERVING.")

@@ -76,8 +76,9 @@ class ServeConfig:
     # 1: everything in one process. `bertzoo serve` picks it from the machine (serving/machine_defaults.py).
     frontends: int = 1
     # Seconds a client connection lives before the server asks it (HTTP/2 GOAWAY) to reconnect, its calls in flight
-    # given shutdown_grace (at least 5 s) to finish (gRPC core adds +-10% jitter): new connections are spread again, over the front
-    # ends of `--frontends` (a restarted one gets its share back) and over replicas behind a TCP balancer. 0: never.
+    # given shutdown_grace (at least 5 s) to finish; gRPC core adds +-10% jitter. New connections spread again: over
+    # the front ends of `--frontends` (a restarted one gets its share back) and over replicas behind a TCP balancer.
+    # 0: never.
     max_connection_age: float = 15.0
     # The table `--backend auto` chose the engine from on this machine (serving/engine_choice.py), for ModelInfo.
     engine_choice: tuple[str, ...] = ()

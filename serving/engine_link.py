@@ -1,12 +1,13 @@
-"""A front end's link to the engine process (``--frontends`` N > 1): the lanes its task service submits to, backed
-by one ZeroMQ DEALER socket to the engine's ROUTER.
+"""A front end's link to the engine process (``--frontends`` N > 1): the lanes its task service submits to, backed by
+one ZeroMQ DEALER socket to the engine's ROUTER.
 
 Requests submitted during one event-loop turn leave together as one hop (serving/hops.py); the engine answers with
-hops of finished jobs. A cancelled call sends its job's id, so its items leave the engine's queue unrun. The engine's
-queue depths come back with every answer, so a front end refuses a request at once, before tokenizing it, while the
-engine's queue is full and it has requests of its own there (whose answers will bring the next depth); otherwise the
-engine decides. If the engine process goes away (its socket disconnects), every waiting request fails UNAVAILABLE
-at once and ``on_engine_lost`` runs (the front end turns NOT_SERVING; the parent process stops the server).
+hops of finished jobs. A cancelled call sends its job's id, so its items leave the engine's queue unrun. The
+engine's queue depths come back with every answer, and a hop of depths alone reaches every front end whenever a
+queue turns full or has room again, so a front end refuses a request at once, before tokenizing it, while the
+engine's queue is full, with no round trip; the engine still refuses what arrives while it is full. If the engine
+process goes away (its socket disconnects), every waiting request fails UNAVAILABLE at once and ``on_engine_lost``
+runs (the front end turns NOT_SERVING; the parent process stops the server).
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ class EngineLink:
     def check_room(self, lane: str) -> None:
         if self._lost is not None:
             raise Unavailable(self._lost, reason="engine_lost")
-        if self._waiting[lane] >= self._max_queue and self._pending:
+        if self._waiting[lane] >= self._max_queue:  # as the engine last said: it tells every front end each change
             raise QueueFull(f"the server's queue is full ({self._max_queue} requests waiting); retry later")
 
     def submit(self, lane: str, works: list[Work], timeout: float | None) -> RemoteJob:

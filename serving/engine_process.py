@@ -46,8 +46,12 @@ class EngineHost:
     GPU server's rate. ZeroMQ's descriptor signals edges, not levels: once it turns readable every waiting message
     is read, and every send (which can take that edge) is followed by a read of what came meanwhile."""
 
-    def __init__(self, socket: zmq.Socket) -> None:
+    def __init__(self, socket: zmq.Socket, max_queue: int) -> None:
         self._socket = socket
+        self._max_queue = max_queue
+        # Whether each lane's queue is full, as each front end was last told: a change reaches every front end in the
+        # next hop, answers or not, so each refuses at its door, without a round trip, while the queue is full.
+        self._told_full: dict[bytes, tuple[bool, bool]] = {}
         self._fd = socket.getsockopt(zmq.FD)
         self._lanes: Lanes | None = None
         self._ready_message: bytes | None = None
@@ -82,6 +86,8 @@ class EngineHost:
                 return
             try:
                 if kind == hops.HELLO:
+                    self._told_full[peer] = (False, False)  # a front end starts from empty queues
+                    self._schedule_flush()
                     if self._ready_message is None:
                         self._waiting_hellos.append(peer)
                     else:
@@ -106,6 +112,7 @@ class EngineHost:
         for job_id in cancelled:  # after the requests: a hop may carry a job and its cancellation
             if (job := self._jobs.pop((peer, job_id), None)) is not None:
                 job.future.cancel()  # the batcher takes its waiting items out of the queue
+        self._schedule_flush()  # the queues' depths may have crossed the limit: every front end is told
 
     def _finished(self, peer: bytes, job_id: int, job: Job, future: asyncio.Future) -> None:
         self._jobs.pop((peer, job_id), None)
@@ -122,17 +129,27 @@ class EngineHost:
 
     def _answer(self, peer: bytes, outcome: hops.JobOutcome) -> None:
         self._outbox[peer].append(outcome)
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
-        """One hop per front end with everything finished in this event-loop turn."""
+        """One hop per front end with everything finished in this event-loop turn, and one (of depths alone) to each
+        other front end whose view of which queues are full is no longer true."""
         self._flush_scheduled = False
-        assert self._lanes is not None
+        if self._lanes is None:
+            return
         waiting = {"main": self._lanes.main.waiting, "long": self._lanes.long.waiting}
+        full = (waiting["main"] >= self._max_queue, waiting["long"] >= self._max_queue)
         outbox, self._outbox = self._outbox, defaultdict(list)
-        for peer, outcomes in outbox.items():
+        for peer, told in self._told_full.items():
+            if peer in outbox or told != full:
+                hops.send(self._socket, [peer, *hops.pack_results(outbox.pop(peer, []), waiting)])
+                self._told_full[peer] = full
+        for peer, outcomes in outbox.items():  # a front end that never said hello (none such, but never lose answers)
             hops.send(self._socket, [peer, *hops.pack_results(outcomes, waiting)])
         self._drain()
 
@@ -151,7 +168,7 @@ async def run_engine(config: ServeConfig, address: str, control: Connection) -> 
     socket.setsockopt(zmq.SNDHWM, 0)
     socket.setsockopt(zmq.RCVHWM, 0)
     socket.bind(address)
-    host = EngineHost(socket)
+    host = EngineHost(socket, config.batch.max_queue)
     host.start()
     lanes = None
     try:

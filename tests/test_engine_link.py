@@ -45,3 +45,57 @@ def test_requests_of_one_turn_leave_as_one_hop_and_cancellations_follow(tmp_path
     assert ids == [0, 1, 2, 3] and cancelled == [3]  # one hop for the four; job 3's cancellation right after
     assert rows == [[101, 7, 102]] * 4  # token ids cross as they were
     assert later_cancelled == [0]
+
+
+def test_every_front_end_is_told_when_the_queue_turns_full_and_refuses_at_its_door(tiny_artifact, tmp_path):
+    """The engine (its host, real lanes of the tiny model) with two front ends' links: front end A fills the queue;
+    front end B, with no request of its own there, is told anyway and refuses the next request before it leaves; once
+    A's requests ran, B is told the queue has room again."""
+    from bertzoo.serving.config import BatchSettings
+    from bertzoo.serving.engine_process import EngineHost
+    from bertzoo.serving.errors import QueueFull
+    from bertzoo.serving.lanes import open_local_lanes
+    from bertzoo.serving.metrics import Metrics
+    from bertzoo.serving.model import load_served_model
+    from conftest import serve_config
+
+    _, artifact = tiny_artifact
+    # An idle engine waits up to 1.5 s for a fuller batch: two requests hold the 2-request queue full that long.
+    config = serve_config(artifact, batch=BatchSettings(max_queue=2, max_queue_delay_ms=1500), warmup=False)
+
+    async def main() -> tuple:
+        context = zmq.Context()
+        socket = context.socket(zmq.ROUTER)
+        address = f"ipc://{tmp_path / 'engine.sock'}"
+        socket.bind(address)
+        host = EngineHost(socket, max_queue=2)
+        host.start()
+        lanes = await open_local_lanes(config, load_served_model, Metrics())
+        host.ready(lanes)
+        a, b = EngineLink(address, config), EngineLink(address, config)
+        front_a, _ = await a.open(), await b.open()
+        work = [Work("sentiment", (Encoding([101, 7, 102], [0, 0, 0]),))]
+        jobs = [front_a.main.submit(work, 5.0) for _ in range(2)]
+        for _ in range(100):  # the depths' hop reaches B (it sent nothing)
+            await asyncio.sleep(0.01)
+            try:
+                b.check_room("main")
+            except QueueFull as refused:
+                told_full = str(refused)
+                break
+        else:
+            told_full = None
+        await asyncio.gather(*(job.future for job in jobs))
+        await asyncio.sleep(0.1)
+        b.check_room("main")  # room again: no exception
+        for link in (a, b):
+            await link.close()
+        await lanes.close()
+        host.stop()
+        socket.close(linger=0)
+        context.term()
+        return told_full, b._pending
+
+    told_full, b_pending = asyncio.run(main())
+    assert told_full is not None and "queue is full (2 requests waiting)" in told_full
+    assert b_pending == {}  # B refused with nothing of its own in the engine
