@@ -109,6 +109,25 @@ def memory_mb(pid: int) -> dict[str, float]:
     return {key: int(re.search(rf"{key}:\s+(\d+)", status).group(1)) / 1024 for key in ("VmRSS", "VmHWM")}
 
 
+def connections(pid: int, port: int) -> int:
+    """Established TCP connections that process ``pid`` holds on local ``port`` (its sockets, read from /proc)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local_port, state, inode = int(fields[1].rsplit(":", 1)[1], 16), fields[3], fields[9]
+            count += local_port == port and state == "01" and inode in inodes  # 01: ESTABLISHED
+    return count
+
+
 def scrape_metrics(port: int) -> dict[str, float]:
     """A server's Prometheus metrics as {"name{labels}": value} (sums and counts of the histograms included)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:

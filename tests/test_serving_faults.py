@@ -9,7 +9,6 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import grpc
 import pytest
@@ -18,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bertzoo.serving.client import BertzooClient, channel_options
 from bertzoo.serving.grpc_server import ServerThread
 from bertzoo.serving.proto import pb2, pb2_grpc
-from conftest import serve_config
+from conftest import load_benchmark, serve_config
 from server_process import ServerProcess
 
 pytestmark = pytest.mark.slow  # real processes
@@ -88,25 +87,6 @@ def test_a_dead_engine_ends_the_server_in_about_a_second_with_watchers_open(tiny
     assert "leaked semaphore" not in server.output, server.output[-2000:]
 
 
-def connections(pid: int, port: int) -> int:
-    """Established TCP connections that process ``pid`` holds on local ``port`` (its sockets, read from /proc)."""
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    count = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            local_port, state, inode = int(fields[1].rsplit(":", 1)[1], 16), fields[3], fields[9]
-            count += local_port == port and state == "01" and inode in inodes  # 01: ESTABLISHED
-    return count
-
-
 def test_a_restarted_front_end_gets_its_share_of_connections_back(tiny_artifact):
     _, artifact = tiny_artifact
     with ServerProcess(artifact, "--max-connection-age", "2") as server:
@@ -134,7 +114,7 @@ def test_a_restarted_front_end_gets_its_share_of_connections_back(tiny_artifact)
             while time.monotonic() < deadline:
                 time.sleep(0.5)
                 front_ends = [pid for pid in server.children("bertzoo-fe-") if pid != victim]
-                shares = {pid: connections(pid, server.port) for pid in front_ends}
+                shares = {pid: load_benchmark("processes").connections(pid, server.port) for pid in front_ends}
                 if len(shares) == 2 and min(shares.values()) >= 4:
                     break
             took = 20 - (deadline - time.monotonic())
