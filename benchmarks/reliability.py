@@ -261,6 +261,9 @@ def main() -> None:
     parser.add_argument("--fuzz-passes", type=int, default=5)
     parser.add_argument("--fuzz-requests", type=int, default=300, help="hostile requests per pass")
     parser.add_argument("--soak-minutes", type=float, default=10.0)
+    parser.add_argument("--parts", nargs="+", default=None, metavar="PART",
+                        help="run only these (sigterm_with_watchers, engine_killed_with_watchers, queue_full, "
+                             "reconnect_after_front_end_restart, duplicate_authorization, memory)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     results: dict = {"machine": machine(), "command": " ".join(sys.argv)}
@@ -272,6 +275,8 @@ def main() -> None:
                       ("duplicate_authorization", lambda: duplicate_authorization(args.artifact)),
                       ("memory", lambda: memory(args.artifact, args.fuzz_passes, args.soak_minutes,
                                                 args.fuzz_requests))):
+        if args.parts and name not in args.parts:
+            continue
         results[name] = run()
         shown = {k: v for k, v in results[name].items() if k not in ("accepted_ms", "codes")}
         print(f"{name}: {json.dumps(shown)}", flush=True)

@@ -103,3 +103,15 @@ def _one_batch() -> dict:
 
     ids = np.array([[101, 2023, 102]], dtype=np.int64)
     return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+
+
+def test_the_engine_keeps_a_bounded_number_of_shapes(tiny_artifact):
+    """OpenVINO's CPU plugin keeps what it prepared for each input shape; its default of 5,000 shapes let a server's
+    engine grow by megabytes for every new (rows, width). The engine compiles with the cap, and the plugin takes it."""
+    ov = pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install 'bertzoo[openvino]')")
+    _, artifact = tiny_artifact
+    config = openvino.compile_config("fp32", 1)
+    assert config["CPU_RUNTIME_CACHE_CAPACITY"] == openvino.RUNTIME_CACHE_SHAPES <= 256
+    ov.Core().compile_model(str(artifact / "encoder.onnx"), "CPU", config)  # a property it lacks would raise
+    with pytest.raises(RuntimeError, match="CPU_RUNTIME_CACHE_CAPACITYX"):
+        ov.Core().compile_model(str(artifact / "encoder.onnx"), "CPU", {"CPU_RUNTIME_CACHE_CAPACITYX": 1})

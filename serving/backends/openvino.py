@@ -39,6 +39,13 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bertzoo" / "openvino"
 
 
+# Input shapes whose prepared kernels and buffers OpenVINO's CPU plugin keeps (least recently used out). Its default,
+# 5,000, let an engine grow by ~1.6 MB for every new (rows, width) a server meets, and a server meets thousands (up to
+# 64 rows x 48 widths): MiniLM's bf16 engine went from 210 MB to 1,145 MB over 584 shapes, to 527 MB and flat with 64,
+# at the same speed on the shapes that recur (benchmarks/RESULTS.md, "Reliability").
+RUNTIME_CACHE_SHAPES = 64
+
+
 def compile_config(precision: str, threads: int | None) -> dict:
     """OpenVINO's CPU settings for one engine on ``threads`` threads (None: every core). An engine on fewer threads
     than the machine has cores is one of several (``serve --instances``) and runs unpinned: OpenVINO pins each
@@ -47,7 +54,8 @@ def compile_config(precision: str, threads: int | None) -> dict:
     cores = os.cpu_count() or 1
     threads = threads or cores
     return {"INFERENCE_PRECISION_HINT": OV_PRECISION[precision], "PERFORMANCE_HINT": "LATENCY",
-            "INFERENCE_NUM_THREADS": threads, "ENABLE_CPU_PINNING": threads >= cores}
+            "INFERENCE_NUM_THREADS": threads, "ENABLE_CPU_PINNING": threads >= cores,
+            "CPU_RUNTIME_CACHE_CAPACITY": RUNTIME_CACHE_SHAPES}
 
 
 class OpenVinoBackend:
