@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -138,3 +140,36 @@ def scrape_metrics(port: int) -> dict[str, float]:
             key, _, value = line.rpartition(" ")
             values[key] = float(value)
     return values
+
+
+@contextlib.contextmanager
+def steady_calls(target: str, clients: int) -> Iterator[None]:
+    """``clients`` clients, each on a connection of its own (as many client processes would have: channels of one
+    process share one connection by default), calling Sentiment back to back until the block ends; a failed call
+    (its front end killed under it) is followed by the next."""
+    import grpc
+
+    from bertzoo.serving.client import BertzooClient, channel_options
+
+    own = [*channel_options(), ("grpc.use_local_subchannel_pool", 1)]
+    opened = [BertzooClient(target, options=own) for _ in range(clients)]
+    stop = threading.Event()
+
+    def call(client: BertzooClient) -> None:
+        while not stop.is_set():
+            try:
+                client.sentiment(["a steady stream of calls"])
+            except grpc.RpcError:
+                time.sleep(0.05)
+
+    threads = [threading.Thread(target=call, args=(c,), daemon=True) for c in opened]
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+        for client in opened:
+            client.close()

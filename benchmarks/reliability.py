@@ -34,7 +34,7 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from processes import connections, free_port, memory_mb
+from processes import connections, free_port, memory_mb, steady_calls
 from timing import machine
 
 from bertzoo.serving.client import BertzooClient, channel_options
@@ -207,35 +207,17 @@ def memory(artifact: str, passes: int, soak_minutes: float, requests: int) -> di
 
 def reconnect_after_restart(artifact: str) -> dict:
     server = Server(artifact, "--max-connection-age", "2")
-    own = [*channel_options(), ("grpc.use_local_subchannel_pool", 1)]
-    clients = [BertzooClient(server.target, options=own) for _ in range(32)]
-    stop = threading.Event()
-
-    def call(client: BertzooClient) -> None:
-        while not stop.is_set():
-            try:
-                client.sentiment(["a steady stream of calls"])
-            except grpc.RpcError:
-                time.sleep(0.05)
-
-    threads = [threading.Thread(target=call, args=(c,), daemon=True) for c in clients]
-    for thread in threads:
-        thread.start()
-    time.sleep(2.0)
-    victim = server.children("bertzoo-fe-")[0]
-    os.kill(victim, signal.SIGKILL)
-    began, shares, took = time.monotonic(), {}, None
-    while time.monotonic() - began < 30:
-        time.sleep(0.25)
-        shares = {pid: connections(pid, server.port) for pid in server.children("bertzoo-fe-") if pid != victim}
-        if len(shares) == 2 and min(shares.values()) >= 8:
-            took = time.monotonic() - began
-            break
-    stop.set()
-    for thread in threads:
-        thread.join(10)
-    for client in clients:
-        client.close()
+    with steady_calls(server.target, 32):
+        time.sleep(2.0)
+        victim = server.children("bertzoo-fe-")[0]
+        os.kill(victim, signal.SIGKILL)
+        began, shares, took = time.monotonic(), {}, None
+        while time.monotonic() - began < 30:
+            time.sleep(0.25)
+            shares = {pid: connections(pid, server.port) for pid in server.children("bertzoo-fe-") if pid != victim}
+            if len(shares) == 2 and min(shares.values()) >= 8:
+                took = time.monotonic() - began
+                break
     server.stop()
     return {"seconds_to_a_quarter_each": took, "connections": list(shares.values())}
 

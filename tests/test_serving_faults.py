@@ -14,7 +14,6 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bertzoo.serving.client import BertzooClient, channel_options
 from bertzoo.serving.grpc_server import ServerThread
 from bertzoo.serving.proto import pb2, pb2_grpc
 from conftest import load_benchmark, serve_config
@@ -91,22 +90,8 @@ def test_a_restarted_front_end_gets_its_share_of_connections_back(tiny_artifact)
     _, artifact = tiny_artifact
     with ServerProcess(artifact, "--max-connection-age", "2") as server:
         server.wait_ready()
-        # A connection each, as 32 client processes would have (channels of one process share theirs by default).
-        own = [*channel_options(), ("grpc.use_local_subchannel_pool", 1)]
-        clients = [BertzooClient(server.target, options=own) for _ in range(32)]
-        stop = threading.Event()
-
-        def call(client: BertzooClient) -> None:
-            while not stop.is_set():
-                try:
-                    client.sentiment(["a steady stream of calls"])
-                except grpc.RpcError:
-                    time.sleep(0.05)  # the killed front end's calls: the client retries the next one
-
-        threads = [threading.Thread(target=call, args=(c,), daemon=True) for c in clients]
-        for thread in threads:
-            thread.start()
-        try:
+        processes = load_benchmark("processes")
+        with processes.steady_calls(server.target, 32):
             time.sleep(1.0)
             victim = server.children("bertzoo-fe-")[0]
             os.kill(victim, signal.SIGKILL)
@@ -114,16 +99,10 @@ def test_a_restarted_front_end_gets_its_share_of_connections_back(tiny_artifact)
             while time.monotonic() < deadline:
                 time.sleep(0.5)
                 front_ends = [pid for pid in server.children("bertzoo-fe-") if pid != victim]
-                shares = {pid: load_benchmark("processes").connections(pid, server.port) for pid in front_ends}
+                shares = {pid: processes.connections(pid, server.port) for pid in front_ends}
                 if len(shares) == 2 and min(shares.values()) >= 4:
                     break
             took = 20 - (deadline - time.monotonic())
-        finally:
-            stop.set()
-            for thread in threads:
-                thread.join(10)
-            for client in clients:
-                client.close()
         assert len(shares) == 2 and min(shares.values()) >= 4, shares  # both front ends hold a share of the 32
         assert took < 10, took
         assert server.stop() == 0
