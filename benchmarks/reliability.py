@@ -188,16 +188,17 @@ def memory(artifact: str, passes: int, soak_minutes: float, requests: int) -> di
     server = Server(artifact, "--max-items", "16")
     [engine] = server.children("bertzoo-engine")
     rss = [("idle", memory_mb(engine)["VmRSS"])]
-    codes = []
+    codes: dict = {"passes": [], "soak": {}}  # the status codes answered: per pass, and summed over the soak
     for k in range(passes):
-        codes.append(fuzz_pass(server.target, k, requests, 16))
+        codes["passes"].append(fuzz_pass(server.target, k, requests, 16))
         rss.append((f"after pass {k + 1}", memory_mb(engine)["VmRSS"]))
         print(f"  engine RSS {rss[-1]}", flush=True)
     began, k = time.monotonic(), passes
     while time.monotonic() - began < 60 * soak_minutes:
         tick = time.monotonic()
         while time.monotonic() - tick < 30:
-            codes.append(fuzz_pass(server.target, k, 20, 16))
+            for code, n in fuzz_pass(server.target, k, 20, 16).items():
+                codes["soak"][code] = codes["soak"].get(code, 0) + n
             k += 1
         rss.append((f"soak {(time.monotonic() - began) / 60:.1f} min", memory_mb(engine)["VmRSS"]))
         print(f"  engine RSS {rss[-1]}", flush=True)
