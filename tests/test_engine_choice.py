@@ -54,17 +54,17 @@ def test_the_engines_are_measured_the_fastest_chosen_and_the_choice_cached(artif
 @pytest.mark.parametrize("stale", ["cpu", "versions", "artifact", "cores"])
 def test_a_stale_cache_is_measured_again(artifact, tmp_path, stale):
     calls: list = []
-    choose(artifact, threads=2, cache_dir=tmp_path, timer=rates({}, calls), gate=lambda: "")
+    choose(artifact, threads=2, cache_dir=tmp_path, timer=rates({}, calls), gate=lambda precision: "")
     assert calls
     (cached,) = tmp_path.glob("*.json")
     record = json.loads(cached.read_text())
     record["key"][stale] = "another" if stale != "versions" else {"onnxruntime": "0.1"}
     cached.write_text(json.dumps(record))
     calls.clear()
-    choice = choose(artifact, threads=2, cache_dir=tmp_path, timer=rates({}, calls), gate=lambda: "")
+    choice = choose(artifact, threads=2, cache_dir=tmp_path, timer=rates({}, calls), gate=lambda precision: "")
     assert calls and choice.source.startswith("measured")
     calls.clear()
-    choose(artifact, threads=2, cache_dir=tmp_path, retune=True, timer=rates({}, calls), gate=lambda: "")
+    choose(artifact, threads=2, cache_dir=tmp_path, retune=True, timer=rates({}, calls), gate=lambda precision: "")
     assert calls  # --retune measures even when the cache holds
 
 
@@ -74,7 +74,8 @@ def test_a_candidate_short_of_fp32_level_agreement_is_never_chosen(artifact, tmp
     calls: list = []
     fastest_first = {("openvino", "bf16"): 900.0, ("onnxruntime", "int8"): 800.0, ("onnxruntime", "optimized"): 300.0}
     missed = "sentiment: same class for 98.44% of 128 items (95% upper bound 99.36%) < 99.5%"
-    choice = choose(artifact, threads=2, cache_dir=tmp_path, timer=rates(fastest_first, calls), gate=lambda: missed)
+    choice = choose(artifact, threads=2, cache_dir=tmp_path, timer=rates(fastest_first, calls),
+                    gate=lambda precision: missed if precision == "bf16" else "")
     timed = {(c.backend, c.precision) for c in calls}
     assert ("openvino", "bf16") not in timed and choice.chosen.precision != "bf16"
     bf16 = next(row for row in choice.rows if row.candidate.precision == "bf16")
@@ -91,7 +92,7 @@ def test_a_failed_measurement_falls_back_to_the_flag_rules_in_one_line(artifact,
         raise RuntimeError("the engine crashed")
 
     with caplog.at_level(logging.WARNING, logger="bertzoo.serving"):
-        choice = choose(artifact, threads=2, cache_dir=tmp_path, timer=broken, gate=lambda: "")
+        choice = choose(artifact, threads=2, cache_dir=tmp_path, timer=broken, gate=lambda precision: "")
     rule = engine_choice.rule_choice(artifact, 2, None)
     assert choice.chosen == rule.chosen and choice.source == "the flag rules"
     (line,) = [r.getMessage() for r in caplog.records]
@@ -101,7 +102,7 @@ def test_a_failed_measurement_falls_back_to_the_flag_rules_in_one_line(artifact,
 
 def test_a_forced_instance_count_is_the_only_layout_measured(artifact, tmp_path):
     calls: list = []
-    choice = choose(artifact, threads=2, instances=1, cache_dir=tmp_path, timer=rates({}, calls), gate=lambda: "")
+    choice = choose(artifact, threads=2, instances=1, cache_dir=tmp_path, timer=rates({}, calls), gate=lambda precision: "")
     assert {c.instances for c in calls} == {1} and choice.chosen.instances == 1
 
 
