@@ -223,25 +223,28 @@ def measure_all(model_dir: str | Path, threads: int | None, instances: int | Non
     timer = timer or (lambda c, b: measure(c, model_dir, b, SECONDS_PER_CANDIDATE))
     gate = gate or (lambda precision: openvino_gate(model_dir, precision, engine_threads(threads, 1)))
     first, *others = layouts(threads, instances)
-    rows = []
-    for backend, variant, precision, refusal in engines(model_dir):
-        row = Row(Candidate(backend, variant, precision, *first), note=refusal)
-        if not refusal and backend == "openvino" and (failed := gate(precision)):
-            row.note = f"not at fp32-level agreement: {failed}"
-        if not row.note:
-            try:
+
+    def timed(row: Row, gated: bool = True) -> Row:
+        """``row`` with its rate, or with why it has none (its gate, or the error): an engine that cannot run here is
+        a row, not a failed start. ``gated``: False for an engine whose gate passed at another layout."""
+        try:
+            if gated and row.candidate.backend == "openvino" and (failed := gate(row.candidate.precision)):
+                row.note = f"not at fp32-level agreement: {failed}"
+            else:
                 row.sentences_per_s = timer(row.candidate, batches)
-            except Exception as e:  # noqa: BLE001 (one engine that cannot run here is a row, not a failed start)
-                row.note = f"failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-        rows.append(row)
+        except Exception as e:  # noqa: BLE001
+            row.note = f"failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        return row
+
+    rows = [timed(Row(Candidate(backend, variant, precision, *first))) if not refusal
+            else Row(Candidate(backend, variant, precision, *first), note=refusal)
+            for backend, variant, precision, refusal in engines(model_dir)]
     measured = [r for r in rows if r.sentences_per_s is not None]
     if not measured:
         raise RuntimeError("no engine could be measured: " + "; ".join(r.line(None) for r in rows))
     best = max(measured, key=lambda r: r.sentences_per_s).candidate
-    for layout in others:
-        row = Row(Candidate(best.backend, best.variant, best.precision, *layout))
-        row.sentences_per_s = timer(row.candidate, batches)
-        rows.append(row)
+    rows += [timed(Row(Candidate(best.backend, best.variant, best.precision, *layout)), gated=False)
+             for layout in others]
     rows.sort(key=lambda r: -(r.sentences_per_s or -1.0))
     return Choice(rows[0].candidate, rows, f"measured in {time.perf_counter() - started:.1f} s")
 

@@ -124,3 +124,19 @@ def test_serve_auto_serves_the_choice_and_model_info_shows_its_table(artifact, t
             BertzooClient(f"127.0.0.1:{running.port}") as client:
         info = client.model_info()
     assert list(info.engine_choice) == list(options["engine_choice"]) and info.backend == options["backend"]
+
+
+def test_an_engine_whose_gate_cannot_run_is_a_row_not_a_failed_start(artifact, tmp_path):
+    pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install 'bertzoo[openvino]')")
+
+    def cannot_compile(precision: str) -> str:
+        raise RuntimeError(f"OpenVINO cannot compile the encoder in {precision}")
+
+    calls: list = []
+    choice = choose(artifact, threads=2, cache_dir=tmp_path, timer=rates({}, calls), gate=cannot_compile)
+    assert choice.source.startswith("measured") and choice.chosen.backend == "onnxruntime"
+    openvino_rows = [row for row in choice.rows if row.candidate.backend == "openvino"]
+    assert openvino_rows and all(row.sentences_per_s is None and row.note.startswith(("failed: OpenVINO cannot",
+                                                                                       "this CPU has no native"))
+                                 for row in openvino_rows)
+    assert all(c.backend == "onnxruntime" for c in calls)
