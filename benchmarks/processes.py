@@ -173,3 +173,39 @@ def steady_calls(target: str, clients: int) -> Iterator[None]:
             thread.join(10)
         for client in opened:
             client.close()
+
+
+class HealthWatchers:
+    """``n`` Health.Watch streams on channels of their own, each recording the statuses it was sent and how its
+    stream ended ("OK" or the status code's name)."""
+
+    def __init__(self, target: str, n: int = 3) -> None:
+        import grpc
+
+        self.channels = [grpc.insecure_channel(target) for _ in range(n)]
+        self.seen: list[list] = [[] for _ in range(n)]
+        self.threads = [threading.Thread(target=self._watch, args=(k,), daemon=True) for k in range(n)]
+        for thread in self.threads:
+            thread.start()
+        deadline = time.monotonic() + 10
+        while not all(self.seen) and time.monotonic() < deadline:  # each has been told SERVING
+            time.sleep(0.05)
+
+    def _watch(self, k: int) -> None:
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        stub = health_pb2_grpc.HealthStub(self.channels[k])
+        try:
+            for response in stub.Watch(health_pb2.HealthCheckRequest()):
+                self.seen[k].append(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
+            self.seen[k].append("OK")
+        except grpc.RpcError as e:
+            self.seen[k].append(e.code().name)
+
+    def close(self) -> list[list]:
+        for thread in self.threads:
+            thread.join(10)
+        for channel in self.channels:
+            channel.close()
+        return self.seen

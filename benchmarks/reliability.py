@@ -28,13 +28,11 @@ import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from processes import connections, free_port, memory_mb, steady_calls
+from processes import HealthWatchers, connections, free_port, memory_mb, steady_calls
 from timing import machine
 
 from bertzoo.serving.client import BertzooClient, channel_options
@@ -75,48 +73,26 @@ class Server:
         return code, self.process.communicate()[0]
 
 
-def watchers(target: str, n: int = 3) -> tuple[list[list[str]], list[threading.Thread]]:
-    seen: list[list[str]] = [[] for _ in range(n)]
-
-    def watch(k: int) -> None:
-        with grpc.insecure_channel(target) as channel:
-            try:
-                for response in health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest()):
-                    seen[k].append(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
-                seen[k].append("OK")
-            except grpc.RpcError as e:
-                seen[k].append(e.code().name)
-
-    threads = [threading.Thread(target=watch, args=(k,), daemon=True) for k in range(n)]
-    for thread in threads:
-        thread.start()
-    time.sleep(1.0)
-    return seen, threads
-
-
 def drain_with_watchers(artifact: str) -> dict:
     server = Server(artifact)
-    seen, threads = watchers(server.target)
+    watchers = HealthWatchers(server.target)
     began = time.monotonic()
     code, _ = server.stop()
     took = time.monotonic() - began
-    for thread in threads:
-        thread.join(10)
-    return {"exit_code": code, "exit_s": took, "watchers": seen}
+    return {"exit_code": code, "exit_s": took, "watchers": watchers.close()}
 
 
 def engine_killed(artifact: str) -> dict:
     server = Server(artifact)
-    seen, threads = watchers(server.target)
+    watchers = HealthWatchers(server.target)
     [engine] = server.children("bertzoo-engine")
     began = time.monotonic()
     os.kill(engine, signal.SIGKILL)
     code = server.process.wait(60)
     took = time.monotonic() - began
     output = server.stop()[1]
-    for thread in threads:
-        thread.join(10)
-    return {"exit_code": code, "exit_s": took, "watchers": seen, "leaked_semaphore": "leaked semaphore" in output}
+    return {"exit_code": code, "exit_s": took, "watchers": watchers.close(),
+            "leaked_semaphore": "leaked semaphore" in output}
 
 
 def queue_full(artifact: str, flood_clients: int, data: str | None) -> dict:

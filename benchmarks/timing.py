@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bertzoo.cpu import cpu_flags
+from bertzoo.cpu import cpu_flags, cpu_model
 
 # The flags that decide which kernels the engines can use: recorded with every figure.
 FLAGS_OF_NOTE = {"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16"}
@@ -32,11 +32,7 @@ def commit() -> str:
 def machine() -> dict:
     """Date, commit, CPU, cores and the CPU flags of note, for a benchmark's results: every result file records
     them through this one helper."""
-    try:
-        names = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")]
-    except OSError:
-        names = []
-    return {"date": time.strftime("%Y-%m-%d"), "commit": commit(), "cpu": names[0] if names else platform.machine(),
+    return {"date": time.strftime("%Y-%m-%d"), "commit": commit(), "cpu": cpu_model() or platform.machine(),
             "cores": os.cpu_count(), "cpu_flags": sorted(cpu_flags() & FLAGS_OF_NOTE)}
 
 

@@ -9,6 +9,15 @@ from pathlib import Path
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
+def cpu_model() -> str:
+    """The CPU's model name ("AMD EPYC", "Intel(R) Xeon(R) ..."); empty off Linux."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
+
+
 def cpu_flags() -> set[str]:
     """The CPU's feature flags (avx2, avx512f, avx512_bf16, amx_tile, ...); empty off Linux."""
     try:

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from bertzoo.artifact import load_manifest
 from bertzoo.atomic import atomic_write_text
-from bertzoo.cpu import cpu_flags, native_bf16
+from bertzoo.cpu import cpu_flags, cpu_model, native_bf16
 from bertzoo.datafiles import load_split, samples_dir
 from bertzoo.parity_measures import BOUNDS, missed_bounds
 from bertzoo.tasks import Limits, encode_sentences
@@ -49,6 +49,7 @@ from bertzoo.tokenization import Tokenizer
 
 from . import machine_defaults
 from .backends import create_backend
+from .backends.openvino import resolve_precision
 from .config import engine_threads
 from .engine import EMBED, Work, prepare_inputs, run_batch
 from .workers import MAIN_LANE_NICE, instance_cores, place_thread
@@ -111,10 +112,8 @@ def cache_key(model_dir: str | Path, threads: int | None, instances: int | None)
         except importlib.metadata.PackageNotFoundError:
             return None
 
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
     manifest = Path(model_dir) / "manifest.json"
-    return {"format": CACHE_FORMAT, "cpu": model,
+    return {"format": CACHE_FORMAT, "cpu": cpu_model(),
             "cpu_flags": hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:16],
             "cores": machine_defaults.cores(),
             "versions": {p: version(p) for p in ("bertzoo", "onnxruntime", "openvino")},
@@ -133,11 +132,15 @@ def layouts(threads: int | None, instances: int | None) -> list[tuple[int, int |
     return found
 
 
-def engines(model_dir: str | Path) -> list[tuple[str, str, str, str]]:
+def ort_precision(variant: str) -> str:
+    """What ONNX Runtime's ``variant`` encoder computes in."""
+    return "int8" if variant == "int8" else "fp32"
+
+
+def engines(model_dir: str | Path, manifest: dict) -> list[tuple[str, str, str, str]]:
     """(backend, variant, precision, why not eligible or "") of every engine this machine and artifact offer."""
-    manifest = load_manifest(model_dir, verify=False)
     fp32_level = machine_defaults.fp32_level_variants(str(model_dir))
-    found = [("onnxruntime", v, "int8" if v == "int8" else "fp32",
+    found = [("onnxruntime", v, ort_precision(v),
               "" if v in fp32_level else "its export parity report misses fp32's task bounds")
              for v in ("fp32", "optimized", "int8") if v in manifest["graphs"]["encoder"]["files"]]
     if importlib.util.find_spec("openvino") is not None:
@@ -146,13 +149,12 @@ def engines(model_dir: str | Path) -> list[tuple[str, str, str, str]]:
     return found
 
 
-def openvino_gate(model_dir: str | Path, precision: str, threads: int | None) -> str:
+def openvino_gate(model_dir: str | Path, manifest: dict, precision: str, threads: int | None) -> str:
     """Why OpenVINO at ``precision`` is not at fp32-level agreement on this artifact, or "" where it is: its start-up
     gate (the server runs the same at every start, and stops on a miss), then the gate's task measures against fp32's
     task bounds, which bf16's own gate is looser than."""
     from .startup_gate import BackendParityError, check_backend
 
-    manifest = load_manifest(model_dir, verify=False)
     tokenizer = Tokenizer.from_file(Path(model_dir) / manifest["tokenizer"])
     candidate = create_backend("openvino", model_dir, precision=precision, threads=threads, manifest=manifest)
     try:
@@ -163,9 +165,8 @@ def openvino_gate(model_dir: str | Path, precision: str, threads: int | None) ->
     return "; ".join(missed_bounds(BOUNDS["fp32"], {}, report["tasks"]))
 
 
-def sample_batches(model_dir: str | Path) -> list[dict]:
+def sample_batches(model_dir: str | Path, manifest: dict) -> list[dict]:
     """Padded encoder inputs of the bundled SST dev sentences, BATCH_SENTENCES a batch, as the server pads them."""
-    manifest = load_manifest(model_dir, verify=False)
     tokenizer = Tokenizer.from_file(Path(model_dir) / manifest["tokenizer"])
     texts = [e.text for e in load_split(samples_dir(), "sentiment", "dev")][:SAMPLE_SENTENCES]
     encodings = encode_sentences(tokenizer, texts, Limits(**manifest["limits"]))
@@ -176,10 +177,9 @@ def sample_batches(model_dir: str | Path) -> list[dict]:
     return batches
 
 
-def measure(candidate: Candidate, model_dir: str | Path, batches: list, seconds: float) -> float:
+def measure(candidate: Candidate, model_dir: str | Path, manifest: dict, batches: list, seconds: float) -> float:
     """Sentences/s of ``candidate``'s instances running ``batches`` side by side for ``seconds``, each on a thread
     placed (cores, priority) as the server's main lane places it."""
-    manifest = load_manifest(model_dir, verify=False)
     backends = [create_backend(candidate.backend, model_dir, variant=candidate.variant, precision=candidate.precision,
                                threads=candidate.threads, manifest=manifest) for _ in range(candidate.instances)]
     cores = instance_cores(candidate.instances, candidate.threads)
@@ -219,9 +219,10 @@ def measure_all(model_dir: str | Path, threads: int | None, instances: int | Non
     """Time every eligible engine at the rule's layout, then the fastest at the other layouts; ``timer`` and
     ``gate`` (precision -> why not) replace the measurement and OpenVINO's gate (tests)."""
     started = time.perf_counter()
-    batches = sample_batches(model_dir)
-    timer = timer or (lambda c, b: measure(c, model_dir, b, SECONDS_PER_CANDIDATE))
-    gate = gate or (lambda precision: openvino_gate(model_dir, precision, engine_threads(threads, 1)))
+    manifest = load_manifest(model_dir, verify=False)  # its files' hashes: the server checks them when it loads
+    batches = sample_batches(model_dir, manifest)
+    timer = timer or (lambda c, b: measure(c, model_dir, manifest, b, SECONDS_PER_CANDIDATE))
+    gate = gate or (lambda precision: openvino_gate(model_dir, manifest, precision, engine_threads(threads, 1)))
     first, *others = layouts(threads, instances)
 
     def timed(row: Row, gated: bool = True) -> Row:
@@ -238,7 +239,7 @@ def measure_all(model_dir: str | Path, threads: int | None, instances: int | Non
 
     rows = [timed(Row(Candidate(backend, variant, precision, *first))) if not refusal
             else Row(Candidate(backend, variant, precision, *first), note=refusal)
-            for backend, variant, precision, refusal in engines(model_dir)]
+            for backend, variant, precision, refusal in engines(model_dir, manifest)]
     measured = [r for r in rows if r.sentences_per_s is not None]
     if not measured:
         raise RuntimeError("no engine could be measured: " + "; ".join(r.line(None) for r in rows))
@@ -286,6 +287,6 @@ def rule_choice(model_dir: str | Path, threads: int | None, instances: int | Non
     """What the flag rules of machine_defaults pick, as a Choice with no table."""
     backend = machine_defaults.backend(str(model_dir), "cpu", variant_forced=False)
     variant = machine_defaults.variant(str(model_dir)) if backend == "onnxruntime" else "fp32"
-    precision = ("int8" if variant == "int8" else "fp32") if backend == "onnxruntime" else "bf16"
+    precision = ort_precision(variant) if backend == "onnxruntime" else resolve_precision("auto")
     n = instances or machine_defaults.instances(backend, "cpu", threads)
     return Choice(Candidate(backend, variant, precision, n, engine_threads(threads, n)), [], "the flag rules")

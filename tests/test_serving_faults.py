@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bertzoo.serving.grpc_server import ServerThread
 from bertzoo.serving.proto import pb2, pb2_grpc
@@ -22,43 +20,12 @@ from server_process import ServerProcess
 pytestmark = pytest.mark.slow  # real processes
 
 
-class Watchers:
-    """``n`` Health.Watch streams on channels of their own, each recording the statuses it was sent and how its
-    stream ended ("OK" or the status code's name)."""
-
-    def __init__(self, target: str, n: int = 3) -> None:
-        self.channels = [grpc.insecure_channel(target) for _ in range(n)]
-        self.seen: list[list] = [[] for _ in range(n)]
-        self.threads = [threading.Thread(target=self._watch, args=(k,), daemon=True) for k in range(n)]
-        for thread in self.threads:
-            thread.start()
-        deadline = time.monotonic() + 10
-        while not all(self.seen) and time.monotonic() < deadline:  # each has been told SERVING
-            time.sleep(0.05)
-
-    def _watch(self, k: int) -> None:
-        stub = health_pb2_grpc.HealthStub(self.channels[k])
-        try:
-            for response in stub.Watch(health_pb2.HealthCheckRequest()):
-                self.seen[k].append(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
-            self.seen[k].append("OK")
-        except grpc.RpcError as e:
-            self.seen[k].append(e.code().name)
-
-    def close(self) -> list[list]:
-        for thread in self.threads:
-            thread.join(10)
-        for channel in self.channels:
-            channel.close()
-        return self.seen
-
-
 @pytest.mark.parametrize("frontends", [1, 2])
 def test_sigterm_with_health_watchers_open_exits_once_the_calls_are_answered(tiny_artifact, frontends):
     _, artifact = tiny_artifact
     with ServerProcess(artifact, "--shutdown-grace", "30", frontends=frontends) as server:
         server.wait_ready()
-        watchers = Watchers(server.target)
+        watchers = load_benchmark("processes").HealthWatchers(server.target)
         began = time.monotonic()
         code = server.stop(signal.SIGTERM)
         took = time.monotonic() - began
@@ -73,7 +40,7 @@ def test_a_dead_engine_ends_the_server_in_about_a_second_with_watchers_open(tiny
     _, artifact = tiny_artifact
     with ServerProcess(artifact, "--backend", "openvino", "--precision", "fp32") as server:
         server.wait_ready()
-        watchers = Watchers(server.target)
+        watchers = load_benchmark("processes").HealthWatchers(server.target)
         [engine] = server.children("bertzoo-engine")
         began = time.monotonic()
         os.kill(engine, signal.SIGKILL)

@@ -25,6 +25,7 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
 
+from bertzoo.cpu import cpu_flags, cpu_model  # noqa: E402
 from bertzoo.serving.engine import prepare_inputs, run_batch  # noqa: E402
 from bertzoo.tokenization import Tokenizer  # noqa: E402
 from golden_model import (  # noqa: E402
@@ -46,10 +47,8 @@ ISA_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_C
 
 def cpu() -> dict:
     """The CPU's model name and its SIMD flags, as /proc/cpuinfo gives them."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
-    return {"model": model or platform.processor(), "flags": sorted(f for f in flags if f.startswith(("avx", "amx")))}
+    return {"model": cpu_model() or platform.processor(),
+            "flags": sorted(f for f in cpu_flags() if f.startswith(("avx", "amx")))}
 
 
 def commit() -> str:
