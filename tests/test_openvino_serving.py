@@ -4,6 +4,8 @@ work."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 
 import numpy as np
@@ -115,3 +117,20 @@ def test_the_engine_keeps_a_bounded_number_of_shapes(tiny_artifact):
     ov.Core().compile_model(str(artifact / "encoder.onnx"), "CPU", config)  # a property it lacks would raise
     with pytest.raises(RuntimeError, match="CPU_RUNTIME_CACHE_CAPACITYX"):
         ov.Core().compile_model(str(artifact / "encoder.onnx"), "CPU", {"CPU_RUNTIME_CACHE_CAPACITYX": 1})
+
+
+@pytest.mark.parametrize("users", [None, "512"])
+def test_the_engine_bounds_onednn_kernels_unless_the_user_did(tiny_artifact, tmp_path, users):
+    """oneDNN's cache of JIT kernels, read once from the environment when the plugin builds its first kernel, grew an
+    engine under hostile traffic at its default size: the backend sets a smaller one before OpenVINO loads, and keeps a
+    user's own. In a fresh process, as the engine process is one."""
+    pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install 'bertzoo[openvino]')")
+    _, artifact = tiny_artifact
+    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+    if users:
+        env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = users
+    script = ("import os; from bertzoo.serving.backends.openvino import OpenVinoBackend;"
+              f"OpenVinoBackend({str(artifact)!r}, precision='fp32', threads=1, cache_dir={str(tmp_path)!r});"
+              "print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split()[-1] == (users or str(openvino.PRIMITIVE_CACHE_CAPACITY))

@@ -44,6 +44,11 @@ def default_cache_dir() -> Path:
 # 64 rows x 48 widths): MiniLM's bf16 engine went from 210 MB to 1,145 MB over 584 shapes, to 527 MB and flat with 64,
 # at the same speed on the shapes that recur (benchmarks/RESULTS.md, "Reliability").
 RUNTIME_CACHE_SHAPES = 64
+# oneDNN's JIT kernels (primitives) the CPU plugin keeps, process-wide, least recently used out: with its default of
+# 1,024 an engine kept growing under hostile traffic after its largest batch, with 256 it held nearly flat at the same
+# speed on recurring shapes (benchmarks/RESULTS.md, "Reliability"). A user's own ONEDNN_PRIMITIVE_CACHE_CAPACITY wins;
+# oneDNN reads it once, when the plugin first builds a kernel.
+PRIMITIVE_CACHE_CAPACITY = 256
 
 
 def compile_config(precision: str, threads: int | None) -> dict:
@@ -64,6 +69,7 @@ class OpenVinoBackend:
 
     def __init__(self, directory: str | Path, precision: str = "auto", threads: int | None = None,
                  manifest: dict | None = None, cache_dir: str | Path | None = None) -> None:
+        os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(PRIMITIVE_CACHE_CAPACITY))
         try:
             import openvino as ov
         except ImportError as e:
