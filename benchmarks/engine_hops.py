@@ -15,7 +15,7 @@ With `--model`, the engine serves that model instead (e.g. the CUDA engine of `g
 the model's in-process ceiling says whether the engine process or the front ends hold a server back.
 
 The load generator is one Python process on another core; it spends a fraction of the engine's time per request
-(it sends prebuilt hops and reads answers without unpacking their outputs).
+(it sends prebuilt hops and reads the answers' job ids).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import json
 import logging
 import multiprocessing
 import os
-import pickle
 import sys
 import tempfile
 import time
@@ -36,7 +35,7 @@ from processes import stat_cpu_seconds
 from serve_frontends import build_probe
 from timing import machine
 
-from bertzoo.serving import hops
+from bertzoo.serving import engine_protocol as protocol
 from bertzoo.serving.config import ServeConfig
 from bertzoo.serving.engine import Work
 from bertzoo.serving.load import load_items
@@ -66,15 +65,16 @@ def connect(context: zmq.Context, address: str) -> zmq.Socket:
     socket = context.socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
     socket.connect(address)
-    socket.send_multipart([hops.HELLO])
+    socket.send_multipart([protocol.Kind.HELLO.frame])
     return socket
 
 
 def hop_frames(tokenizer: Tokenizer, sentences: list[str], first_id: int) -> list[bytes]:
     """One hop of one-sentence Sentiment requests, job ids from ``first_id`` on."""
     encodings = tokenizer.encode_sentences(sentences, 128)
-    requests = [hops.JobRequest(first_id + i, "main", None, [Work("sentiment", (e,))]) for i, e in enumerate(encodings)]
-    return hops.pack_jobs(requests, [])
+    jobs = [(protocol.JobHeader(first_id + i, "main", None, [("sentiment", 1)]), [Work("sentiment", (e,))])
+            for i, e in enumerate(encodings)]
+    return protocol.jobs_message(jobs, [])
 
 
 def drive(sockets: list[zmq.Socket], tokenizer: Tokenizer, sentences: list[str], per_hop: int, window: int,
@@ -103,10 +103,9 @@ def drive(sockets: list[zmq.Socket], tokenizer: Tokenizer, sentences: list[str],
                     frames = socket.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
-                if frames[0] != hops.RESULTS:
+                if protocol.kind_of(frames[0]) is not protocol.Kind.RESULTS:
                     continue
-                rows, _waiting = pickle.loads(frames[1])
-                for job_id, *_ in rows:
+                for job_id in (outcome.job_id for outcome in protocol.read_results(frames[1]).outcomes):
                     slot = job_id // per_hop
                     outstanding[slot] -= 1
                     answered += 1
@@ -164,7 +163,7 @@ def main() -> None:
         context = zmq.Context()
         sockets = [connect(context, address) for _ in range(max(args.peers))]
         try:
-            tokenizer = Tokenizer.from_str(pickle.loads(sockets[0].recv_multipart()[1])[1])
+            tokenizer = Tokenizer.from_str(protocol.read_ready(sockets[0].recv_multipart()[1]).tokenizer_json)
             for socket in sockets[1:]:
                 socket.recv_multipart()  # its READY
             drive(sockets[:1], tokenizer, sentences, 1, 8, 1.0, engine.pid)  # warm-up

@@ -5,5 +5,5 @@ and Prometheus metrics; every backend is an entry of ``backends.BACKENDS``. See 
 Layers, each knowing only the one below: transport (grpc_server, servicer, interceptors) -> core (tasks_service:
 validation, tokenization, post-processing; lanes and batcher: queues and batches; engine: one batch on a backend) ->
 backends. With ``--frontends`` N > 1 the transport and tasks_service run in front-end processes and the lanes in one
-engine process, joined by ZeroMQ hops (frontends, engine_process, engine_link, hops).
+engine process, joined by ZeroMQ hops (frontends, engine_process, engine_link, engine_protocol).
 """

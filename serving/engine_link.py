@@ -1,7 +1,7 @@
 """A front end's link to the engine process (``--frontends`` N > 1): the lanes its task service submits to, backed by
 one ZeroMQ DEALER socket to the engine's ROUTER.
 
-Requests submitted during one event-loop turn leave together as one hop (serving/hops.py); the engine answers with
+Requests submitted during one event-loop turn leave together as one hop (serving/engine_protocol.py); the engine answers with
 hops of finished jobs. A cancelled call sends its job's id, so its items leave the engine's queue unrun. The
 engine's queue depths come back with every answer, and a hop of depths alone reaches every front end whenever a
 queue turns full or has room again, so a front end refuses a request at once, before tokenizing it, while the
@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import pickle
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,9 +24,10 @@ from zmq.utils.monitor import parse_monitor_message
 
 from bertzoo.tokenization import Tokenizer
 
-from . import hops
+from . import engine_protocol as protocol
 from .config import ServeConfig
 from .engine import Work
+from .engine_protocol import HopSocket, JobHeader, Kind
 from .errors import QueueFull, Unavailable
 from .lanes import Lanes
 
@@ -60,42 +60,37 @@ class EngineLink:
         self._address = address
         self._max_queue = config.batch.max_queue
         self._on_engine_lost = on_engine_lost
-        # Plain sockets read from the event loop's reader callbacks, as the engine's (serving/engine_process.py).
+        # Plain sockets read from the event loop's reader callbacks, as the engine's (engine_protocol.HopSocket).
         self._context = zmq.Context()
-        self._socket = self._context.socket(zmq.DEALER)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.setsockopt(zmq.SNDHWM, 0)  # never block the loop on a send: the engine's queue limits apply
-        self._socket.setsockopt(zmq.RCVHWM, 0)
-        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        socket = self._context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.SNDHWM, 0)  # never block the loop on a send: the engine's queue limits apply
+        socket.setsockopt(zmq.RCVHWM, 0)
+        monitor = socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self._socket = HopSocket(socket, self._handle)
+        self._monitor = HopSocket(monitor, self._watch)
         self._connected = False
-        self._socket.connect(address)
+        socket.connect(address)
         self._ids = itertools.count()
         self._pending: dict[int, RemoteJob] = {}
-        self._outbox: list[hops.JobRequest] = []
+        self._outbox: list[tuple[JobHeader, list[Work]]] = []
         self._cancelled: list[int] = []
         self._flush_scheduled = False
         self._waiting = {"main": 0, "long": 0}
         self._lost: str | None = None
-        self._ready: asyncio.Future | None = None  # the engine's answer to the hello
-        self._readers: list[int] = []
+        self._ready: asyncio.Future | None = None  # the engine's answer to the hello: READY's body, or why not
 
     async def open(self) -> Lanes:
         """Wait for the engine to be loaded and warmed up (it answers the hello only then); its lanes."""
-        loop = asyncio.get_running_loop()
-        self._ready = loop.create_future()
-        for socket, read in ((self._socket, self._drain), (self._monitor, self._watch)):
-            fd = socket.getsockopt(zmq.FD)
-            loop.add_reader(fd, read)
-            self._readers.append(fd)
-        self._socket.send(hops.HELLO)  # queued until the connection is up
-        self._drain()
-        self._watch()
-        kind, *rest = await self._ready
-        if kind != hops.READY:
-            raise RuntimeError(f"the engine process failed to start: {rest[0].decode() if rest else kind!r}")
-        spec, tokenizer_json = pickle.loads(rest[0])
-        return Lanes(spec, Tokenizer.from_str(tokenizer_json), RemoteLane(self, "main"), RemoteLane(self, "long"),
-                     self.close)
+        self._ready = asyncio.get_running_loop().create_future()
+        self._monitor.start()
+        self._socket.start()
+        self._socket.send([Kind.HELLO.frame])  # queued until the connection is up
+        ready = await self._ready
+        if isinstance(ready, str):
+            raise RuntimeError(f"the engine process failed to start: {ready}")
+        return Lanes(ready.spec, Tokenizer.from_str(ready.tokenizer_json), RemoteLane(self, "main"),
+                     RemoteLane(self, "long"), self.close)
 
     # ------------------------------------------------------------------ requests
 
@@ -111,7 +106,7 @@ class EngineLink:
         job_id = next(self._ids)
         job = RemoteJob(asyncio.get_running_loop().create_future())
         self._pending[job_id] = job
-        self._outbox.append(hops.JobRequest(job_id, lane, timeout, works))
+        self._outbox.append((JobHeader(job_id, lane, timeout, [(w.task, len(w.rows)) for w in works]), works))
         job.future.add_done_callback(lambda f: self._forget(job_id) if f.cancelled() else None)
         self._schedule_flush()
         return job
@@ -120,7 +115,7 @@ class EngineLink:
         """A cancelled call: tell the engine, so its items leave the queue unrun (or, not sent yet, never send it)."""
         if self._pending.pop(job_id, None) is None or self._lost is not None:
             return
-        unsent = [request for request in self._outbox if request.job_id != job_id]
+        unsent = [request for request in self._outbox if request[0].job_id != job_id]
         if len(unsent) < len(self._outbox):
             self._outbox = unsent
             return
@@ -137,54 +132,44 @@ class EngineLink:
         self._flush_scheduled = False
         if self._lost is not None or not (self._outbox or self._cancelled):
             return
-        frames = hops.pack_jobs(self._outbox, self._cancelled)
+        frames = protocol.jobs_message(self._outbox, self._cancelled)
         self._outbox, self._cancelled = [], []
-        hops.send(self._socket, frames)
-        self._drain()  # the send may have taken the descriptor's edge: read what came meanwhile
+        self._socket.send(frames)
 
     # ------------------------------------------------------------------ answers
 
-    def _drain(self) -> None:
-        """Handle every message waiting (ZeroMQ's descriptor signals edges: read until there is nothing)."""
-        while True:
-            try:
-                kind, *rest = hops.receive(self._socket)
-            except zmq.ZMQError:  # zmq.Again: nothing more; any other: the link is closing
-                return
-            if self._ready is not None and not self._ready.done():
-                self._ready.set_result([kind, *rest])
-            elif kind == hops.RESULTS:
-                self._take_results(rest[0])
+    def _handle(self, frames: list[bytes]) -> None:
+        kind = protocol.kind_of(frames[0])
+        if kind is Kind.READY and self._ready is not None and not self._ready.done():
+            self._ready.set_result(protocol.read_ready(frames[1]))
+        elif kind is Kind.RESULTS:
+            self._take_results(protocol.read_results(frames[1]))
 
-    def _take_results(self, frame: bytes) -> None:
-        outcomes, self._waiting = hops.unpack_results(frame)
-        for outcome in outcomes:
+    def _take_results(self, results: protocol.Results) -> None:
+        self._waiting = results.waiting
+        for outcome in results.outcomes:
             job = self._pending.pop(outcome.job_id, None)
             if job is None or job.future.done():
                 continue
-            if outcome.error is not None:
-                job.future.set_exception(hops.error_from_fields(*outcome.error))
+            if outcome.failure is not None:
+                job.future.set_exception(outcome.failure.error())
             else:
                 job.first_start, job.last_end = outcome.first_start, outcome.last_end
                 job.future.set_result(outcome.outputs)
 
-    def _watch(self) -> None:
+    def _watch(self, frames: list[bytes]) -> None:
         """Notice the engine process going away: its end of the connection closes. Every event is read, also after
         that, so the descriptor does not stay readable and wake the loop for nothing."""
-        while True:
-            try:
-                event = parse_monitor_message(hops.receive(self._monitor))["event"]
-            except zmq.ZMQError:
-                return
-            if event == zmq.EVENT_CONNECTED:
-                self._connected = True
-            elif event == zmq.EVENT_DISCONNECTED and self._connected and self._lost is None:
-                log.error("the engine process went away: NOT_SERVING; %d waiting requests fail UNAVAILABLE",
-                          len(self._pending))
-                self._fail_all("the engine process stopped; this server is restarting", lost=True)
-                if self._ready is not None and not self._ready.done():
-                    self._ready.set_result([b"lost", b"the engine process went away"])
-                self._on_engine_lost()
+        event = parse_monitor_message(frames)["event"]
+        if event == zmq.EVENT_CONNECTED:
+            self._connected = True
+        elif event == zmq.EVENT_DISCONNECTED and self._connected and self._lost is None:
+            log.error("the engine process went away: NOT_SERVING; %d waiting requests fail UNAVAILABLE",
+                      len(self._pending))
+            self._fail_all("the engine process stopped; this server is restarting", lost=True)
+            if self._ready is not None and not self._ready.done():
+                self._ready.set_result("the engine process went away")
+            self._on_engine_lost()
 
     def _fail_all(self, message: str, lost: bool) -> None:
         if lost:
@@ -195,12 +180,10 @@ class EngineLink:
                 job.future.set_exception(Unavailable(message, reason="engine_lost" if lost else "shutdown"))
 
     async def close(self) -> None:
-        loop = asyncio.get_running_loop()
-        for fd in self._readers:
-            loop.remove_reader(fd)
-        self._readers.clear()
+        self._socket.stop()
+        self._monitor.stop()
         self._fail_all("the server shut down", lost=False)
-        self._socket.disable_monitor()
-        self._monitor.close(linger=0)
-        self._socket.close(linger=0)
+        self._socket.socket.disable_monitor()
+        self._monitor.socket.close(linger=0)
+        self._socket.socket.close(linger=0)
         self._context.term()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import pickle
 import signal
 import sys
 from collections import defaultdict
@@ -26,11 +25,13 @@ import zmq
 
 from bertzoo.errors import UserError
 
-from . import hops
+from . import engine_protocol as protocol
 from .batcher import Job
 from .child_process import child_process_setup
 from .config import ServeConfig
+from .engine_protocol import HopSocket
 from .errors import BackendFailure, ServingError
+from .event_loop import run_on_best_loop
 from .lanes import Lanes, open_local_lanes
 from .metrics import Metrics
 from .model import load_served_model
@@ -39,73 +40,62 @@ log = logging.getLogger("bertzoo.serving")
 
 
 class EngineHost:
-    """Serves one process's lanes to the front ends connected to ``socket`` (a bound ROUTER).
-
-    The socket is a plain (not asyncio) ZeroMQ socket read from the event loop's reader callback: zmq.asyncio costs a
-    future and several callbacks per message, which made the engine's loop, at ~5,000 requests/s, what bounded a
-    GPU server's rate. ZeroMQ's descriptor signals edges, not levels: once it turns readable every waiting message
-    is read, and every send (which can take that edge) is followed by a read of what came meanwhile."""
+    """Serves one process's lanes to the front ends connected to ``socket`` (a bound ROUTER)."""
 
     def __init__(self, socket: zmq.Socket, max_queue: int) -> None:
-        self._socket = socket
+        self._socket = HopSocket(socket, self._handle)
         self._max_queue = max_queue
         # Whether each lane's queue is full, as each front end was last told: a change reaches every front end in the
         # next hop, answers or not, so each refuses at its door, without a round trip, while the queue is full.
         self._told_full: dict[bytes, tuple[bool, bool]] = {}
-        self._fd = socket.getsockopt(zmq.FD)
         self._lanes: Lanes | None = None
-        self._ready_message: bytes | None = None
+        self._ready_message: list[bytes] | None = None
         self._waiting_hellos: list[bytes] = []
         self._jobs: dict[tuple[bytes, int], Job] = {}
-        self._outbox: dict[bytes, list[hops.JobOutcome]] = defaultdict(list)
+        self._outbox: dict[bytes, list[protocol.Outcome]] = defaultdict(list)
         self._flush_scheduled = False
 
     def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        loop.add_reader(self._fd, self._drain)
-        loop.call_soon(self._drain)  # what came before the reader was added
+        self._socket.start()
 
     def stop(self) -> None:
-        asyncio.get_running_loop().remove_reader(self._fd)
+        self._socket.stop()
 
     def ready(self, lanes: Lanes) -> None:
         """The model is loaded: answer every hello so far, and from now on each at once."""
         self._lanes = lanes
-        self._ready_message = pickle.dumps((lanes.spec, lanes.tokenizer.to_str()))
-        for peer in self._waiting_hellos:
-            hops.send(self._socket, [peer, hops.READY, self._ready_message])
-        self._waiting_hellos.clear()
-        self._drain()
+        self._ready_message = protocol.ready_message(lanes.spec, lanes.tokenizer.to_str())
+        hellos, self._waiting_hellos = self._waiting_hellos, []
+        for peer in hellos:
+            self._socket.send([peer, *self._ready_message])
+        self._socket.drain()
 
-    def _drain(self) -> None:
-        """Handle every message waiting on the socket."""
-        while True:
-            try:
-                peer, kind, *frames = hops.receive(self._socket)
-            except zmq.ZMQError:  # zmq.Again: nothing more; any other: the socket is closing
-                return
-            try:
-                if kind == hops.HELLO:
-                    self._told_full[peer] = (False, False)  # a front end starts from empty queues
-                    self._schedule_flush()
-                    if self._ready_message is None:
-                        self._waiting_hellos.append(peer)
-                    else:
-                        hops.send(self._socket, [peer, hops.READY, self._ready_message])
-                elif kind == hops.JOBS and self._lanes is not None:
-                    self._take(peer, frames)
-            except Exception:  # one unreadable hop must not stop the engine serving the others
-                log.exception("the engine could not handle a %r message from a front end", kind)
+    def _handle(self, frames: list[bytes]) -> None:
+        peer, kind = frames[0], protocol.kind_of(frames[1]) if len(frames) > 1 else None
+        try:
+            if kind is protocol.Kind.HELLO:
+                self._told_full[peer] = (False, False)  # a front end starts from empty queues
+                self._schedule_flush()
+                if self._ready_message is None:
+                    self._waiting_hellos.append(peer)
+                else:
+                    self._socket.send([peer, *self._ready_message])
+            elif kind is protocol.Kind.JOBS and self._lanes is not None:
+                self._take(peer, frames[2:])
+            elif kind is None:
+                log.error("the engine got a message of no known kind from a front end; ignored")
+        except Exception:  # one unreadable hop must not stop the engine serving the others
+            log.exception("the engine could not handle a %s message from a front end", kind and kind.name)
 
     def _take(self, peer: bytes, frames: list[bytes]) -> None:
         assert self._lanes is not None
-        requests, cancelled = hops.unpack_jobs(frames)
-        for request in requests:
+        requests, cancelled = protocol.read_jobs(frames)
+        for request, works in requests:
             lane = self._lanes.long if request.lane == "long" else self._lanes.main
             try:
-                job = lane.submit(request.works, request.timeout)
+                job = lane.submit(works, request.timeout)
             except ServingError as e:  # a full queue, or shutting down
-                self._answer(peer, hops.JobOutcome(request.job_id, error=hops.error_fields(e)))
+                self._answer(peer, protocol.Outcome(request.job_id, failure=protocol.Failure.of(e)))
                 continue
             self._jobs[(peer, request.job_id)] = job
             job.future.add_done_callback(partial(self._finished, peer, request.job_id, job))
@@ -120,14 +110,14 @@ class EngineHost:
             return
         error = future.exception()
         if error is None:
-            outcome = hops.JobOutcome(job_id, future.result(), job.first_start or 0.0, job.last_end or 0.0)
+            outcome = protocol.Outcome(job_id, future.result(), job.first_start or 0.0, job.last_end or 0.0)
         else:
             if not isinstance(error, ServingError):
                 error = BackendFailure(f"the model failed on this request ({type(error).__name__})")
-            outcome = hops.JobOutcome(job_id, error=hops.error_fields(error))
+            outcome = protocol.Outcome(job_id, failure=protocol.Failure.of(error))
         self._answer(peer, outcome)
 
-    def _answer(self, peer: bytes, outcome: hops.JobOutcome) -> None:
+    def _answer(self, peer: bytes, outcome: protocol.Outcome) -> None:
         self._outbox[peer].append(outcome)
         self._schedule_flush()
 
@@ -145,13 +135,12 @@ class EngineHost:
         waiting = {"main": self._lanes.main.waiting, "long": self._lanes.long.waiting}
         full = (waiting["main"] >= self._max_queue, waiting["long"] >= self._max_queue)
         outbox, self._outbox = self._outbox, defaultdict(list)
-        for peer, told in self._told_full.items():
+        for peer, told in list(self._told_full.items()):  # a send reads what came, hellos included
             if peer in outbox or told != full:
-                hops.send(self._socket, [peer, *hops.pack_results(outbox.pop(peer, []), waiting)])
+                self._socket.send([peer, *protocol.results_message(outbox.pop(peer, []), waiting)])
                 self._told_full[peer] = full
         for peer, outcomes in outbox.items():  # a front end that never said hello (none such, but never lose answers)
-            hops.send(self._socket, [peer, *hops.pack_results(outcomes, waiting)])
-        self._drain()
+            self._socket.send([peer, *protocol.results_message(outcomes, waiting)])
 
 
 async def run_engine(config: ServeConfig, address: str, control: Connection) -> None:
@@ -195,8 +184,6 @@ async def run_engine(config: ServeConfig, address: str, control: Connection) -> 
 
 def engine_main(config: ServeConfig, address: str, control: Connection, log_levels: dict[str, int]) -> None:
     """The engine process's entry point (multiprocessing, spawn)."""
-    from .grpc_server import run_on_best_loop
-
     child_process_setup(log_levels, "bertzoo-engine")
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)

@@ -59,7 +59,8 @@ def frontend_main(config: ServeConfig, address: str, log_levels: dict[str, int],
     import asyncio
 
     from .engine_link import EngineLink
-    from .grpc_server import BertzooServer, run_on_best_loop, serve
+    from .event_loop import run_on_best_loop
+    from .grpc_server import BertzooServer, serve
 
     child_process_setup(log_levels, f"bertzoo-fe-{index + 1}", parent_death=signal.SIGTERM)
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -30,6 +30,7 @@ from grpc_reflection.v1alpha import reflection
 
 from .config import ServeConfig
 from .engine import EMBED
+from .event_loop import run_on_best_loop
 from .health_service import DrainingHealthServicer
 from .interceptors import BearerTokenInterceptor, MalformedRequestInterceptor
 from .lanes import Lanes, ModelLoader, open_local_lanes
@@ -196,18 +197,6 @@ def _version() -> str:
 def run_serve(config: ServeConfig) -> None:
     """:func:`serve` on uvloop where it is installed (see :func:`run_on_best_loop`)."""
     run_on_best_loop(lambda: serve(config))
-
-
-def run_on_best_loop(main: Callable[[], Awaitable[None]]) -> None:
-    """Run ``main()`` on uvloop where it is installed (the serve extras install it on Linux and macOS), else on
-    asyncio's own loop. uvloop's loop costs the server less per call: int8 Sentiment at 64 clients was ahead in 8 of 8
-    alternating rounds, by 1-4% (benchmarks/RESULTS.md)."""
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main())
-        return
-    uvloop.run(main())
 
 
 async def serve(config: ServeConfig, loader: ModelLoader = load_served_model, server: BertzooServer | None = None,
