@@ -13,7 +13,9 @@
    contexts), then every 30 s of a --soak-minutes soak of the same;
 5. a front end killed under 32 clients on connections of their own: seconds until both front ends hold at least a
    quarter of them again (``--max-connection-age 2``);
-6. two `authorization` entries, right then wrong: the status code.
+6. two `authorization` entries, right then wrong: the status code;
+7. the engine's memory at its ceiling: idle after ``--warmup-largest`` (every engine ran its largest batches) at the
+   default token budget and at 4,096, against the default warm-up, with the seconds to SERVING.
 
 Every server runs on loopback ports and is stopped by its own PID; nothing else is touched.
 """
@@ -182,6 +184,21 @@ def memory(artifact: str, passes: int, soak_minutes: float, requests: int) -> di
     return {"engine_rss_mb": rss, "codes": codes}
 
 
+def memory_ceiling(artifact: str) -> dict:
+    """The engine's memory at its ceiling (``--warmup-largest``: every engine has run its largest batches) against
+    after the default warm-up, at the default token budget and a quarter of it, with the time to SERVING."""
+    rows = []
+    for flags in ([], ["--warmup-largest"], ["--warmup-largest", "--max-batch-tokens", "4096"]):
+        began = time.monotonic()
+        server = Server(artifact, *flags)
+        ready = time.monotonic() - began - 1.0  # Server waits 1 s after the first SERVING
+        [engine] = server.children("bertzoo-engine")
+        rows.append({"flags": flags, "seconds_to_serving": round(ready, 1),
+                     "engine_rss_mb": round(memory_mb(engine)["VmRSS"])})
+        server.stop()
+    return {"rows": rows}
+
+
 def reconnect_after_restart(artifact: str) -> dict:
     server = Server(artifact, "--max-connection-age", "2")
     with steady_calls(server.target, 32):
@@ -222,7 +239,7 @@ def main() -> None:
     parser.add_argument("--soak-minutes", type=float, default=10.0)
     parser.add_argument("--parts", nargs="+", default=None, metavar="PART",
                         help="run only these (sigterm_with_watchers, engine_killed_with_watchers, queue_full, "
-                             "reconnect_after_front_end_restart, duplicate_authorization, memory)")
+                             "reconnect_after_front_end_restart, duplicate_authorization, memory, memory_ceiling)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     results: dict = {"machine": machine(), "command": " ".join(sys.argv)}
@@ -233,7 +250,8 @@ def main() -> None:
                       ("reconnect_after_front_end_restart", lambda: reconnect_after_restart(args.artifact)),
                       ("duplicate_authorization", lambda: duplicate_authorization(args.artifact)),
                       ("memory", lambda: memory(args.artifact, args.fuzz_passes, args.soak_minutes,
-                                                args.fuzz_requests))):
+                                                args.fuzz_requests)),
+                      ("memory_ceiling", lambda: memory_ceiling(args.artifact))):
         if args.parts and name not in args.parts:
             continue
         results[name] = run()

@@ -116,6 +116,10 @@ def _serve_option(*decls: str, name: str, **kwargs):
 @_serve_option("--shutdown-grace", name="shutdown_grace", type=float,
                help="Seconds accepted requests get to finish after SIGTERM.")
 @_serve_option("--warmup/--no-warmup", name="warmup", help="Run every length bucket once before reporting SERVING.")
+@_serve_option("--warmup-largest/--no-warmup-largest", name="warmup_largest",
+               help="Also run the largest batches --max-batch-tokens and --max-batch-size allow before reporting "
+                    "SERVING, so each engine's memory is at its ceiling from the start (what a container's limit must "
+                    "allow); seconds more to start.")
 @_serve_option("--tokenize-threads", name="tokenize_threads", type=int, help="Tokenizer threads.")
 @_serve_option("--pin-instances/--no-pin-instances", name="pin_instances",
                help="With --instances over 1 and their threads adding up to every core this process may use, run each "

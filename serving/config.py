@@ -109,6 +109,8 @@ class ServeConfig:
     shutdown_grace: float = 30.0  # seconds in-flight requests get to finish after SIGTERM
     tokenize_threads: int = 1
     warmup: bool = True  # run every length bucket once before reporting SERVING
+    # and the largest batches the batch settings allow: the engines' memory at its ceiling before SERVING
+    warmup_largest: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

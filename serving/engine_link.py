@@ -1,13 +1,14 @@
 """A front end's link to the engine process (``--frontends`` N > 1): the lanes its task service submits to, backed by
 one ZeroMQ DEALER socket to the engine's ROUTER.
 
-Requests submitted during one event-loop turn leave together as one hop (serving/engine_protocol.py); the engine answers with
-hops of finished jobs. A cancelled call sends its job's id, so its items leave the engine's queue unrun. The
-engine's queue depths come back with every answer, and a hop of depths alone reaches every front end whenever a
-queue turns full or has room again, so a front end refuses a request at once, before tokenizing it, while the
-engine's queue is full, with no round trip; the engine still refuses what arrives while it is full. If the engine
-process goes away (its socket disconnects), every waiting request fails UNAVAILABLE at once and ``on_engine_lost``
-runs (the front end turns NOT_SERVING; the parent process stops the server).
+Requests submitted during one event-loop turn leave together as one hop (serving/engine_protocol.py); the engine
+answers with hops of finished jobs. A call cancelled before its hop left never leaves; one cancelled later sends its
+job's id, so its items leave the engine's queue unrun. The engine's queue depths come back with every answer, and a
+hop of depths alone reaches every front end whenever a queue turns full or has room again, so a front end refuses a
+request at once, before tokenizing it, while the engine's queue is full, with no round trip; the engine still refuses
+what arrives while it is full. If the engine process goes away (its socket disconnects), every waiting request fails
+UNAVAILABLE at once and ``on_engine_lost`` runs (the front end turns NOT_SERVING; the parent process stops the
+server).
 """
 
 from __future__ import annotations
@@ -112,13 +113,9 @@ class EngineLink:
         return job
 
     def _forget(self, job_id: int) -> None:
-        """A cancelled call: tell the engine, so its items leave the queue unrun (or, not sent yet, never send it)."""
+        """A cancelled call that already left: tell the engine, so its items leave the queue unrun."""
         if self._pending.pop(job_id, None) is None or self._lost is not None:
-            return
-        unsent = [request for request in self._outbox if request[0].job_id != job_id]
-        if len(unsent) < len(self._outbox):
-            self._outbox = unsent
-            return
+            return  # answered, or never sent (see _flush)
         self._cancelled.append(job_id)
         self._schedule_flush()
 
@@ -130,10 +127,20 @@ class EngineLink:
     def _flush(self) -> None:
         """Send everything this event-loop turn gathered as one hop."""
         self._flush_scheduled = False
-        if self._lost is not None or not (self._outbox or self._cancelled):
+        outbox, self._outbox = self._outbox, []
+        # A call cancelled in the turn of its submit never leaves: its future's done callback (_forget) runs after
+        # this flush, so the cancellation is read here, and forgetting it now makes that callback a no-op.
+        jobs = []
+        for header, works in outbox:
+            job = self._pending.get(header.job_id)
+            if job is None or job.future.cancelled():
+                self._pending.pop(header.job_id, None)
+            else:
+                jobs.append((header, works))
+        if self._lost is not None or not (jobs or self._cancelled):
             return
-        frames = protocol.jobs_message(self._outbox, self._cancelled)
-        self._outbox, self._cancelled = [], []
+        frames = protocol.jobs_message(jobs, self._cancelled)
+        self._cancelled = []
         self._socket.send(frames)
 
     # ------------------------------------------------------------------ answers

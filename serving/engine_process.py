@@ -90,7 +90,10 @@ class EngineHost:
     def _take(self, peer: bytes, frames: list[bytes]) -> None:
         assert self._lanes is not None
         requests, cancelled = protocol.read_jobs(frames)
+        dropped = set(cancelled)
         for request, works in requests:
+            if request.job_id in dropped:  # cancelled before the hop left: never queued, so never run
+                continue
             lane = self._lanes.long if request.lane == "long" else self._lanes.main
             try:
                 job = lane.submit(works, request.timeout)
@@ -99,7 +102,7 @@ class EngineHost:
                 continue
             self._jobs[(peer, request.job_id)] = job
             job.future.add_done_callback(partial(self._finished, peer, request.job_id, job))
-        for job_id in cancelled:  # after the requests: a hop may carry a job and its cancellation
+        for job_id in cancelled:
             if (job := self._jobs.pop((peer, job_id), None)) is not None:
                 job.future.cancel()  # the batcher takes its waiting items out of the queue
         self._schedule_flush()  # the queues' depths may have crossed the limit: every front end is told

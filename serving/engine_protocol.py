@@ -90,7 +90,7 @@ class JobHeader(msgspec.Struct, array_like=True, frozen=True):
 
 class JobsHeader(msgspec.Struct, array_like=True, frozen=True):
     jobs: list[JobHeader]
-    cancelled: list[int]  # after the jobs: a hop may carry a job and its cancellation
+    cancelled: list[int]  # jobs cancelled since the last hop; one also listed in `jobs` is never queued
 
 
 class Failure(msgspec.Struct, array_like=True, frozen=True):

@@ -16,13 +16,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from bertzoo.pipeline import Backend
 from bertzoo.tokenization import Tokenizer
 
 from .batcher import Batcher
 from .config import BatchSettings, ServeConfig
 from .engine import EngineRunner, Work, padded_width
 from .metrics import Metrics
-from .model import ModelSpec, ServedModel, release_freed_memory, warm_up
+from .model import ModelSpec, ServedModel, largest_batches, release_freed_memory, warm_up
 from .workers import instance_cores, model_worker
 
 log = logging.getLogger("bertzoo.serving")
@@ -72,43 +73,56 @@ async def open_local_lanes(config: ServeConfig, loader: ModelLoader, metrics: Me
     main_worker = model_worker("main", 0, cores[0])
     try:
         served = await loop.run_in_executor(main_worker, loader, config)
-        if config.warmup:
-            await loop.run_in_executor(main_worker, warm_up, served)
     except BaseException:
         main_worker.shutdown(wait=False)
         raise
-    backend, pooling = served.backend, served.spec.pooling
+    pooling = served.spec.pooling
     # Items are grouped for batching by the width they will be padded to: with pad_to="longest" their own length
     # rounded up to 8 (a batch pads no row by more than 7 tokens), with pad_to="bucket" the length bucket.
     group = padded_width if config.batch.pad_to == "longest" else served.spec.bucket_for
-    more_instances = []
-    for instance in range(1, config.instances):  # more main-lane engines (config checked they can be rebuilt)
-        assert served.spare_backend is not None
-        worker = model_worker("main", instance, cores[instance])
-        engine = await loop.run_in_executor(worker, served.spare_backend)
+    # The long-request lane (only where a request can be long): its own engine instance, on a low-priority thread.
+    has_long = served.spare_backend is not None and config.long_request_tokens < config.max_request_tokens
+    # Each engine instance is made (the main one is loaded) and warmed up on its own worker thread, all at once (with
+    # --warmup-largest each one's warm-up is seconds of work).
+    workers = [main_worker, *(model_worker("main", k, cores[k]) for k in range(1, config.instances))]
+    settings = [config.batch] * len(workers)
+    if has_long:
+        workers.append(model_worker("long"))
+        settings.append(long_lane_settings(config))
+
+    def ready_engine(first: bool, batch: BatchSettings) -> Backend:
+        assert first or served.spare_backend is not None  # config checked that instances can be rebuilt
+        engine = served.backend if first else served.spare_backend()
         if config.warmup:
-            await loop.run_in_executor(worker, warm_up, served, engine)
-        more_instances.append((EngineRunner(engine, pooling), worker))
-    main = Batcher(EngineRunner(backend, pooling), group, served.tokenizer.pad_id, config.batch, metrics,
-                   executor=main_worker, more_instances=more_instances)
+            warm_up(served, engine, batch if config.warmup_largest else None)
+        return engine
+
+    try:
+        engines = await asyncio.gather(*(loop.run_in_executor(worker, ready_engine, k == 0, batch)
+                                         for k, (worker, batch) in enumerate(zip(workers, settings, strict=True))))
+    except BaseException:
+        for worker in workers:
+            worker.shutdown(wait=False)
+        raise
+    runners = [EngineRunner(engine, pooling) for engine in engines]
+    main_count = config.instances
+    main = Batcher(runners[0], group, served.tokenizer.pad_id, config.batch, metrics, executor=main_worker,
+                   more_instances=list(zip(runners[1:main_count], workers[1:main_count], strict=True)))
     main.start()
     long = None
-    if served.spare_backend is not None and config.long_request_tokens < config.max_request_tokens:
-        # The long-request lane (only where a request can be long): its own engine instance, built and run on a
-        # low-priority thread.
-        worker = model_worker("long")
-        spare = await loop.run_in_executor(worker, served.spare_backend)
-        if config.warmup:
-            await loop.run_in_executor(worker, warm_up, served, spare)
-        long = Batcher(EngineRunner(spare, pooling), group, served.tokenizer.pad_id, long_lane_settings(config),
-                       metrics, lane="long", executor=worker)
+    if has_long:
+        long = Batcher(runners[-1], group, served.tokenizer.pad_id, settings[-1], metrics, lane="long",
+                       executor=workers[-1])
         long.start()
     release_freed_memory()
     if config.warmup:
         # Counted as --instances counts them; the long lane's own instance is named apart, not added in.
-        log.info("warmed up %d engine instance%s%s on length buckets %s", config.instances,
+        largest = largest_batches(config.batch, served.spec.length_buckets[-1]) if config.warmup_largest else []
+        log.info("warmed up %d engine instance%s%s on length buckets %s%s", config.instances,
                  "" if config.instances == 1 else "s", " (+1 for the long-request lane)" if long is not None else "",
-                 served.spec.length_buckets)
+                 served.spec.length_buckets,
+                 f" and the largest batches (rows x width) {', '.join(f'{r}x{w}' for r, w in largest)}" if largest
+                 else "")
 
     async def close() -> None:
         for batcher in (main, long):

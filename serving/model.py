@@ -19,7 +19,8 @@ from bertzoo.tasks import Limits, task_spec
 from bertzoo.tokenization import Tokenizer
 
 from .backends import BACKENDS
-from .config import ServeConfig
+from .config import BatchSettings, ServeConfig
+from .engine import PAD_MULTIPLE
 
 log = logging.getLogger("bertzoo.serving")
 
@@ -147,14 +148,19 @@ def load_served_model(config: ServeConfig) -> ServedModel:
     return served
 
 
-def warm_up(served: ServedModel, backend: Backend | None = None) -> None:
+def warm_up(served: ServedModel, backend: Backend | None = None, settings: BatchSettings | None = None) -> None:
     """Run the encoder (of ``backend``, default the main one) once per length bucket, and every head, so no client
-    pays for first-run allocations."""
+    pays for first-run allocations; with ``settings``, also the largest batches they allow (:func:`largest_batches`),
+    so the engine holds the buffers of its worst batch from the start, as a container's memory limit should see it,
+    rather than growing to them under traffic."""
     backend = backend if backend is not None else served.backend
     tok = served.tokenizer
-    for bucket in served.spec.length_buckets:
-        ids = np.full((1, bucket), tok.unk_id, dtype=np.int64)
-        ids[0, 0], ids[0, -1] = tok.cls_id, tok.sep_id
+    shapes = [(1, bucket) for bucket in served.spec.length_buckets]
+    if settings is not None:
+        shapes += largest_batches(settings, served.spec.length_buckets[-1])
+    for rows, width in shapes:
+        ids = np.full((rows, width), tok.unk_id, dtype=np.int64)
+        ids[:, 0], ids[:, -1] = tok.cls_id, tok.sep_id
         mask = np.ones_like(ids)
         states = backend.encode({"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})
         for task in served.spec.tasks:
@@ -162,6 +168,17 @@ def warm_up(served: ServedModel, backend: Backend | None = None) -> None:
                 backend.head(task, {"states_a": states, "mask_a": mask, "states_b": states, "mask_b": mask})
             else:
                 backend.head(task, {"states": states, "mask": mask})
+
+
+def largest_batches(settings: BatchSettings, longest: int) -> list[tuple[int, int]]:
+    """The (rows, width) batches that need the most memory under ``settings``: the longest sequences, as many as the
+    token budget takes (the largest attention scores, rows x width^2), and the most rows at the widest width that
+    fills the budget (the most tokens)."""
+    widest = (max(1, min(settings.max_batch_size, settings.max_batch_tokens // longest)), longest)
+    width = min(longest, max(PAD_MULTIPLE, settings.max_batch_tokens // settings.max_batch_size // PAD_MULTIPLE
+                             * PAD_MULTIPLE))
+    fullest = (max(1, min(settings.max_batch_size, settings.max_batch_tokens // width)), width)
+    return [widest] if fullest == widest else [widest, fullest]
 
 
 def release_freed_memory() -> None:

@@ -16,6 +16,7 @@ from bertzoo.tokenization import Encoding
 
 
 def test_requests_of_one_turn_leave_as_one_hop_and_cancellations_follow(tmp_path):
+    """Against a stand-in engine socket: what a front end sends."""
     async def main() -> list:
         context = zmq.asyncio.Context()
         engine = context.socket(zmq.ROUTER)
@@ -25,12 +26,10 @@ def test_requests_of_one_turn_leave_as_one_hop_and_cancellations_follow(tmp_path
         work = [Work("sentiment", (Encoding([101, 7, 102], [0, 0, 0]),))]
         kept = [link.submit("main", work, 5.0) for _ in range(3)]
         dropped = link.submit("main", work, 5.0)
-        dropped.future.cancel()  # in the same turn: its cancellation is the engine's to apply after the request
+        dropped.future.cancel()  # in the turn of its submit: it never leaves
         peer, kind, *frames = await asyncio.wait_for(engine.recv_multipart(), 5)
         requests, cancelled = protocol.read_jobs(frames)
-        _, _, *second = await asyncio.wait_for(engine.recv_multipart(), 5)
-        cancelled += protocol.read_jobs(second)[1]
-        kept[0].future.cancel()  # a job that left a while ago: its cancellation goes in a hop of its own
+        kept[0].future.cancel()  # a job that left: its cancellation goes in a hop of its own
         _, _, *later = await asyncio.wait_for(engine.recv_multipart(), 5)
         _, later_cancelled = protocol.read_jobs(later)
         await link.close()
@@ -42,9 +41,79 @@ def test_requests_of_one_turn_leave_as_one_hop_and_cancellations_follow(tmp_path
 
     kind, ids, cancelled, rows, later_cancelled = asyncio.run(main())
     assert protocol.kind_of(kind) is protocol.Kind.JOBS
-    assert ids == [0, 1, 2, 3] and cancelled == [3]  # one hop for the four; job 3's cancellation right after
-    assert rows == [[101, 7, 102]] * 4  # token ids cross as they were
+    assert ids == [0, 1, 2] and cancelled == []  # one hop for the three; the cancelled fourth never left
+    assert rows == [[101, 7, 102]] * 3  # token ids cross as they were
     assert later_cancelled == [0]
+
+
+def _engine_with_links(config, tmp_path, links: int):
+    """The engine's host serving real lanes of ``config``'s model, and ``links`` front ends' links to it: the links,
+    their lanes, the engine's metrics and how to stop it all."""
+    from bertzoo.serving.engine_process import EngineHost
+    from bertzoo.serving.lanes import open_local_lanes
+    from bertzoo.serving.metrics import Metrics
+    from bertzoo.serving.model import load_served_model
+
+    async def start():
+        context = zmq.Context()
+        socket = context.socket(zmq.ROUTER)
+        address = f"ipc://{tmp_path / 'engine.sock'}"
+        socket.bind(address)
+        host = EngineHost(socket, max_queue=config.batch.max_queue)
+        host.start()
+        metrics = Metrics()
+        lanes = await open_local_lanes(config, load_served_model, metrics)
+        host.ready(lanes)
+        ends = [EngineLink(address, config) for _ in range(links)]
+        fronts = [await end.open() for end in ends]
+
+        async def stop():
+            for end in ends:
+                await end.close()
+            host.stop()
+            await lanes.close()
+            socket.close(linger=0)
+            context.term()
+
+        return ends, fronts, metrics, stop
+
+    return start()
+
+
+def test_a_call_cancelled_in_the_turn_of_its_submit_never_runs_in_the_engine(tiny_artifact, tmp_path):
+    """The real engine host and lanes behind a link, with an idle engine that starts a lone request's batch at once:
+    a call cancelled in the turn of its submit runs no batch; the same call not cancelled does (the count can move);
+    a call cancelled after it left, while its batch waits, leaves the queue unrun."""
+    from bertzoo.serving.config import BatchSettings
+    from conftest import serve_config
+
+    _, artifact = tiny_artifact
+    work = [Work("sentiment", (Encoding([101, 7, 102], [0, 0, 0]),))]
+
+    async def main(delay_ms: int) -> list[float]:
+        config = serve_config(artifact, batch=BatchSettings(max_queue_delay_ms=delay_ms), warmup=False)
+        _, [front], metrics, stop = await _engine_with_links(config, tmp_path, 1)
+
+        def batches() -> float:
+            return metrics.registry.get_sample_value("bertzoo_batch_size_count") or 0.0
+
+        counts = [batches()]
+        front.main.submit(work, 5.0).future.cancel()
+        await asyncio.sleep(0.5)
+        counts.append(batches())
+        await asyncio.wait_for(front.main.submit(work, 5.0).future, 5)
+        counts.append(batches())
+        if delay_ms:
+            later = front.main.submit(work, 5.0)
+            await asyncio.sleep(0.3)  # it left; its batch waits for the queue delay
+            later.future.cancel()
+            await asyncio.sleep(delay_ms / 1000 + 0.5)
+            counts.append(batches())
+        await stop()
+        return counts
+
+    assert asyncio.run(main(0)) == [0, 0, 1]
+    assert asyncio.run(main(1000)) == [0, 0, 1, 1]
 
 
 def test_every_front_end_is_told_when_the_queue_turns_full_and_refuses_at_its_door(tiny_artifact, tmp_path):
@@ -52,11 +121,7 @@ def test_every_front_end_is_told_when_the_queue_turns_full_and_refuses_at_its_do
     front end B, with no request of its own there, is told anyway and refuses the next request before it leaves; once
     A's requests ran, B is told the queue has room again."""
     from bertzoo.serving.config import BatchSettings
-    from bertzoo.serving.engine_process import EngineHost
     from bertzoo.serving.errors import QueueFull
-    from bertzoo.serving.lanes import open_local_lanes
-    from bertzoo.serving.metrics import Metrics
-    from bertzoo.serving.model import load_served_model
     from conftest import serve_config
 
     _, artifact = tiny_artifact
@@ -64,16 +129,7 @@ def test_every_front_end_is_told_when_the_queue_turns_full_and_refuses_at_its_do
     config = serve_config(artifact, batch=BatchSettings(max_queue=2, max_queue_delay_ms=1500), warmup=False)
 
     async def main() -> tuple:
-        context = zmq.Context()
-        socket = context.socket(zmq.ROUTER)
-        address = f"ipc://{tmp_path / 'engine.sock'}"
-        socket.bind(address)
-        host = EngineHost(socket, max_queue=2)
-        host.start()
-        lanes = await open_local_lanes(config, load_served_model, Metrics())
-        host.ready(lanes)
-        a, b = EngineLink(address, config), EngineLink(address, config)
-        front_a, _ = await a.open(), await b.open()
+        (a, b), (front_a, _), _, stop = await _engine_with_links(config, tmp_path, 2)
         work = [Work("sentiment", (Encoding([101, 7, 102], [0, 0, 0]),))]
         jobs = [front_a.main.submit(work, 5.0) for _ in range(2)]
         for _ in range(100):  # the depths' hop reaches B (it sent nothing)
@@ -88,13 +144,9 @@ def test_every_front_end_is_told_when_the_queue_turns_full_and_refuses_at_its_do
         await asyncio.gather(*(job.future for job in jobs))
         await asyncio.sleep(0.1)
         b.check_room("main")  # room again: no exception
-        for link in (a, b):
-            await link.close()
-        await lanes.close()
-        host.stop()
-        socket.close(linger=0)
-        context.term()
-        return told_full, b._pending
+        pending = dict(b._pending)
+        await stop()
+        return told_full, pending
 
     told_full, b_pending = asyncio.run(main())
     assert told_full is not None and "queue is full (2 requests waiting)" in told_full

@@ -343,3 +343,29 @@ def test_instances_are_for_the_cpu_engines(tiny_artifact):
         serve_config(artifact, instances=2, device="cuda")
     assert serve_config(artifact, instances=2, threads=4).engine_threads == 2
     assert serve_config(artifact, instances=3, threads=2).engine_threads == 1
+
+
+def test_warm_up_runs_the_largest_batches_the_settings_allow(tiny_artifact):
+    """The engine meets its worst batches at start-up, so its memory is at its ceiling before the first request:
+    the longest sequences as many as the token budget takes, and the most rows at the widest width that fills it."""
+    from bertzoo.serving.config import BatchSettings
+    from bertzoo.serving.model import largest_batches, warm_up
+
+    assert largest_batches(BatchSettings(), 384) == [(42, 384), (64, 256)]
+    assert largest_batches(BatchSettings(max_batch_tokens=2048), 384) == [(5, 384), (64, 32)]
+    assert largest_batches(BatchSettings(max_batch_size=8, max_batch_tokens=100_000), 384) == [(8, 384)]
+    _, artifact = tiny_artifact
+    served = load_served_model(serve_config(artifact))
+    shapes, encode = [], served.backend.encode
+
+    def recording_encode(batch):
+        shapes.append(batch["input_ids"].shape)
+        return encode(batch)
+
+    served.backend.encode = recording_encode
+    settings = BatchSettings(max_batch_size=16, max_batch_tokens=1024)
+    warm_up(served, settings=settings)
+    longest = served.spec.length_buckets[-1]
+    assert shapes[:len(served.spec.length_buckets)] == [(1, b) for b in served.spec.length_buckets]
+    assert shapes[len(served.spec.length_buckets):] == largest_batches(settings, longest)
+    assert max(rows * width for rows, width in shapes) <= 1024
