@@ -56,6 +56,11 @@ def _special_id(tok: _HFTokenizer, token: str, path: str) -> int:
     return idx
 
 
+# Characters a part of a long text gets per token it must yield (_first_ids): English text averages 4-5 characters a
+# token, so a part this long nearly always yields enough and the text is tokenized once.
+_CHARS_PER_TOKEN_CUT = 12
+
+
 def _truncate_longest_first(n_a: int, n_b: int, budget: int) -> tuple[int, int]:
     """Lengths after removing tokens one by one from the currently longer sequence.
 
@@ -154,6 +159,26 @@ class Tokenizer:
             raise TypeError("expected a sequence of strings, got a single str")
         return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
+    def _first_ids(self, texts: Sequence[str], count: int) -> list[list[int]]:
+        """Each text's first ``count`` token ids (all of them if it has fewer), without tokenizing all of a long
+        text: a long text is cut at a space well past ``count`` tokens' worth of characters and the part before it
+        tokenized. Words before a space are tokenized alike whatever follows it (normalization is per character,
+        pre-tokenization splits at whitespace, WordPiece works per word), so the part's ids begin the whole text's.
+        A part that yields fewer than ``count`` ids, or a text with no space to cut at, is tokenized whole."""
+        if isinstance(texts, str):
+            raise TypeError("expected a sequence of strings, got a single str")
+        limit = count * _CHARS_PER_TOKEN_CUT
+        parts = []
+        for text in texts:
+            cut = text.rfind(" ", 0, limit) if len(text) > limit else -1
+            parts.append(text[:cut] if cut > 0 else text)
+        ids = self._ids(parts)
+        short = [i for i, (text, part) in enumerate(zip(texts, parts, strict=True))
+                 if part is not text and len(ids[i]) < count]
+        for i, whole in zip(short, self._ids([texts[i] for i in short]), strict=True):
+            ids[i] = whole
+        return [row[:count] for row in ids]
+
     @staticmethod
     def _check_max_length(max_length: int, n_special: int, what: str) -> None:
         if max_length < n_special + 1:
@@ -169,8 +194,8 @@ class Tokenizer:
         self._check_max_length(max_length, 2, "single sentences")
         budget = max_length - 2
         out = []
-        for ids in self._ids(texts):
-            ids = [self.cls_id, *ids[:budget], self.sep_id]
+        for ids in self._first_ids(texts, budget):
+            ids = [self.cls_id, *ids, self.sep_id]
             out.append(Encoding(input_ids=ids, token_type_ids=[0] * len(ids)))
         return out
 

@@ -303,3 +303,30 @@ def test_pad_batch_errors() -> None:
         pad_batch([], pad_id=0)
     with pytest.raises(ValueError, match="pad_to_multiple_of"):
         pad_batch([Encoding([1], [0])], pad_id=0, pad_to_multiple_of=0)
+
+
+def test_a_long_sentence_is_cut_before_it_is_tokenized_with_the_same_ids(tok: Tokenizer) -> None:
+    """encode_sentences tokenizes only a long text's beginning: the ids must be those of the whole text cut to the
+    budget, for every kind of text (accents, CJK, emoji, punctuation, newlines and tabs, words too long for the
+    vocabulary, no space at all, spaces only), and the whole text must really not be tokenized."""
+    import random
+
+    rng = random.Random(4)
+    words = ["the", "film", "Übermäßig", "naïve", "café", "字幕", "🙂", "don't", "...", "(a)", "x" * 150, "\n", "\t",
+             "extraordinarily", "42,000", "e-mail", "ÅNGSTRÖM", "\u200b", "[SEP]", "co-operate"]
+    texts = ["", " " * 5000, "a" * 20_000, "word " * 4000]
+    for _ in range(60):
+        n = rng.choice([3, 30, 300, 3000])
+        texts.append(rng.choice(["", " "]).join(rng.choice(words) for _ in range(n)))
+    for max_length in (8, 128):
+        got = tok.encode_sentences(texts, max_length)
+        whole = [[tok.cls_id, *ids[:max_length - 2], tok.sep_id] for ids in tok._ids(texts)]
+        assert [list(e.input_ids) for e in got] == whole
+    calls = []
+    original = tok._ids
+    tok._ids = lambda texts: calls.append(sum(map(len, texts))) or original(texts)
+    try:
+        tok.encode_sentences(["word " * 4000], 128)
+    finally:
+        del tok._ids
+    assert calls and max(calls) < 2_000  # 20,000 characters, of which only the first ~1,500 were tokenized
