@@ -65,7 +65,7 @@ def connect(context: zmq.Context, address: str) -> zmq.Socket:
     socket = context.socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
     socket.connect(address)
-    socket.send_multipart([protocol.Kind.HELLO.frame])
+    socket.send_multipart(protocol.hello_message())
     return socket
 
 
@@ -105,7 +105,7 @@ def drive(sockets: list[zmq.Socket], tokenizer: Tokenizer, sentences: list[str],
                     break
                 if protocol.kind_of(frames[0]) is not protocol.Kind.RESULTS:
                     continue
-                for job_id in (outcome.job_id for outcome in protocol.read_results(frames[1]).outcomes):
+                for job_id in (outcome.job_id for outcome in protocol.read_results(frames[0]).outcomes):
                     slot = job_id // per_hop
                     outstanding[slot] -= 1
                     answered += 1
@@ -163,7 +163,7 @@ def main() -> None:
         context = zmq.Context()
         sockets = [connect(context, address) for _ in range(max(args.peers))]
         try:
-            tokenizer = Tokenizer.from_str(protocol.read_ready(sockets[0].recv_multipart()[1]).tokenizer_json)
+            tokenizer = Tokenizer.from_str(protocol.read_ready(sockets[0].recv_multipart()[0]).tokenizer_json)
             for socket in sockets[1:]:
                 socket.recv_multipart()  # its READY
             drive(sockets[:1], tokenizer, sentences, 1, 8, 1.0, engine.pid)  # warm-up

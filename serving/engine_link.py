@@ -86,7 +86,7 @@ class EngineLink:
         self._ready = asyncio.get_running_loop().create_future()
         self._monitor.start()
         self._socket.start()
-        self._socket.send([Kind.HELLO.frame])  # queued until the connection is up
+        self._socket.send(protocol.hello_message())  # queued until the connection is up
         ready = await self._ready
         if isinstance(ready, str):
             raise RuntimeError(f"the engine process failed to start: {ready}")
@@ -148,9 +148,9 @@ class EngineLink:
     def _handle(self, frames: list[bytes]) -> None:
         kind = protocol.kind_of(frames[0])
         if kind is Kind.READY and self._ready is not None and not self._ready.done():
-            self._ready.set_result(protocol.read_ready(frames[1]))
+            self._ready.set_result(protocol.read_ready(frames[0]))
         elif kind is Kind.RESULTS:
-            self._take_results(protocol.read_results(frames[1]))
+            self._take_results(protocol.read_results(frames[0]))
 
     def _take_results(self, results: protocol.Results) -> None:
         self._waiting = results.waiting

@@ -81,7 +81,7 @@ class EngineHost:
                 else:
                     self._socket.send([peer, *self._ready_message])
             elif kind is protocol.Kind.JOBS and self._lanes is not None:
-                self._take(peer, frames[2:])
+                self._take(peer, frames[1:])
             elif kind is None:
                 log.error("the engine got a message of no known kind from a front end; ignored")
         except Exception:  # one unreadable hop must not stop the engine serving the others

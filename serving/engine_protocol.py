@@ -1,13 +1,15 @@
 """What crosses between a front-end process and the engine process (``--frontends`` N > 1), and the socket it
 crosses on: one ZeroMQ DEALER (front end) to ROUTER (engine) connection per front end.
 
-A message is a list of frames, the first one byte: its :class:`Kind`. Every message is a *hop*: everything one side
-has for the other at the end of an event-loop turn, not one message per request.
+A message is one frame, or two for ``JOBS``: its :class:`Kind` as the first byte, then its record. Every message is
+a *hop*: everything one side has for the other at the end of an event-loop turn, not one message per request. Few
+frames, because each frame is a call into ZeroMQ and a wake-up of its I/O thread, the larger part of the engine
+process's own cost per hop.
 
-- ``HELLO`` (front end): no body. Answered by ``READY`` once the model is loaded and warmed up.
+- ``HELLO`` (front end): no record. Answered by ``READY`` once the model is loaded and warmed up.
 - ``READY`` (engine): :class:`Ready`, the model's facts and its tokenizer, so front ends load nothing themselves.
 - ``JOBS`` (front end): :class:`JobsHeader` (each request's job id, lane, deadline and works; the ids of cancelled
-  jobs), then every row's length, token ids and token types as three flat arrays.
+  jobs); a second frame holds every row's length, token ids and token types, three flat arrays back to back.
 - ``RESULTS`` (engine): :class:`Results`, the outcomes of the jobs a batch finished and the lanes' queue depths.
 
 Records are msgspec Structs encoded as MessagePack arrays: typed on both ends (a decode checks every field's type),
@@ -42,17 +44,17 @@ class Kind(enum.IntEnum):
     RESULTS = 4
 
     @property
-    def frame(self) -> bytes:
-        return _KIND_FRAMES[self]
+    def prefix(self) -> bytes:
+        return _KIND_PREFIXES[self]
 
 
-_KIND_FRAMES = {kind: bytes([kind]) for kind in Kind}
+_KIND_PREFIXES = {kind: bytes([kind]) for kind in Kind}
 
 
 def kind_of(frame: bytes) -> Kind | None:
     """A message's kind from its first frame; None for a frame that names none (a peer of another version)."""
     try:
-        return Kind(frame[0]) if len(frame) == 1 else None
+        return Kind(frame[0]) if frame else None
     except ValueError:
         return None
 
@@ -146,12 +148,20 @@ _jobs_decoder = msgspec.msgpack.Decoder(JobsHeader)
 _results_decoder = msgspec.msgpack.Decoder(Results, ext_hook=_decode_extra)
 
 
+def _record(kind: Kind, record: msgspec.Struct) -> bytes:
+    return kind.prefix + _encoder.encode(record)
+
+
+def hello_message() -> list[bytes]:
+    return [Kind.HELLO.prefix]
+
+
 def ready_message(spec: ModelSpec, tokenizer_json: str) -> list[bytes]:
-    return [Kind.READY.frame, _encoder.encode(Ready(spec, tokenizer_json))]
+    return [_record(Kind.READY, Ready(spec, tokenizer_json))]
 
 
-def read_ready(body: bytes) -> Ready:
-    return _ready_decoder.decode(body)
+def read_ready(frame: bytes) -> Ready:
+    return _ready_decoder.decode(memoryview(frame)[1:])
 
 
 def jobs_message(jobs: Sequence[tuple[JobHeader, Sequence[Work]]], cancelled: Sequence[int]) -> list[bytes]:
@@ -162,16 +172,20 @@ def jobs_message(jobs: Sequence[tuple[JobHeader, Sequence[Work]]], cancelled: Se
     ids = np.fromiter(itertools.chain.from_iterable(row.input_ids for row in rows), dtype=np.int32, count=total)
     types = np.fromiter(itertools.chain.from_iterable(row.token_type_ids for row in rows), dtype=np.int8, count=total)
     header = JobsHeader([header for header, _ in jobs], list(cancelled))
-    return [Kind.JOBS.frame, _encoder.encode(header), lengths.tobytes(), ids.tobytes(), types.tobytes()]
+    return [_record(Kind.JOBS, header), b"".join((lengths.tobytes(), ids.tobytes(), types.tobytes()))]
 
 
 def read_jobs(frames: Sequence[bytes]) -> tuple[list[tuple[JobHeader, list[Work]]], list[int]]:
-    """The requests of a ``JOBS`` hop (its frames after the kind), their rows views of the hop's arrays."""
-    header_frame, lengths, ids, types = frames
-    header = _jobs_decoder.decode(header_frame)
-    ids, types = np.frombuffer(ids, dtype=np.int32), np.frombuffer(types, dtype=np.int8)
+    """The requests of a ``JOBS`` hop, their rows views of the hop's arrays."""
+    header_frame, tokens = frames
+    header = _jobs_decoder.decode(memoryview(header_frame)[1:])
+    rows = sum(count for job in header.jobs for _, count in job.works)
+    lengths = np.frombuffer(tokens, dtype=np.int32, count=rows)
+    total = int(lengths.sum())
+    ids = np.frombuffer(tokens, dtype=np.int32, count=total, offset=4 * rows)
+    types = np.frombuffer(tokens, dtype=np.int8, count=total, offset=4 * (rows + total))
     # Plain ints from here: a hop holds a few rows, where numpy's per-call cost outweighs its loops.
-    bounds = iter(itertools.pairwise(itertools.accumulate(np.frombuffer(lengths, dtype=np.int32).tolist(), initial=0)))
+    bounds = iter(itertools.pairwise(itertools.accumulate(lengths.tolist(), initial=0)))
     jobs = []
     for job in header.jobs:
         works = [Work(task, tuple(Encoding(ids[start:end], types[start:end])
@@ -182,11 +196,11 @@ def read_jobs(frames: Sequence[bytes]) -> tuple[list[tuple[JobHeader, list[Work]
 
 
 def results_message(outcomes: list[Outcome], waiting: dict[str, int]) -> list[bytes]:
-    return [Kind.RESULTS.frame, _encoder.encode(Results(outcomes, waiting))]
+    return [_record(Kind.RESULTS, Results(outcomes, waiting))]
 
 
-def read_results(body: bytes) -> Results:
-    return _results_decoder.decode(body)
+def read_results(frame: bytes) -> Results:
+    return _results_decoder.decode(memoryview(frame)[1:])
 
 
 # pyzmq's send_multipart and recv_multipart build an enum member per frame (the flags combined, the option read), a

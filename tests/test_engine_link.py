@@ -27,10 +27,11 @@ def test_requests_of_one_turn_leave_as_one_hop_and_cancellations_follow(tmp_path
         kept = [link.submit("main", work, 5.0) for _ in range(3)]
         dropped = link.submit("main", work, 5.0)
         dropped.future.cancel()  # in the turn of its submit: it never leaves
-        peer, kind, *frames = await asyncio.wait_for(engine.recv_multipart(), 5)
+        peer, *frames = await asyncio.wait_for(engine.recv_multipart(), 5)
+        kind = protocol.kind_of(frames[0])
         requests, cancelled = protocol.read_jobs(frames)
         kept[0].future.cancel()  # a job that left: its cancellation goes in a hop of its own
-        _, _, *later = await asyncio.wait_for(engine.recv_multipart(), 5)
+        _, *later = await asyncio.wait_for(engine.recv_multipart(), 5)
         _, later_cancelled = protocol.read_jobs(later)
         await link.close()
         assert all(isinstance(job.future.exception(), Unavailable) for job in kept[1:])  # closing fails the waiting
@@ -40,7 +41,7 @@ def test_requests_of_one_turn_leave_as_one_hop_and_cancellations_follow(tmp_path
                 later_cancelled]
 
     kind, ids, cancelled, rows, later_cancelled = asyncio.run(main())
-    assert protocol.kind_of(kind) is protocol.Kind.JOBS
+    assert kind is protocol.Kind.JOBS
     assert ids == [0, 1, 2] and cancelled == []  # one hop for the three; the cancelled fourth never left
     assert rows == [[101, 7, 102]] * 3  # token ids cross as they were
     assert later_cancelled == [0]
@@ -167,7 +168,7 @@ def test_what_crosses_comes_back_as_it_left():
     header = protocol.JobHeader(7, "long", 2.5, [("paraphrase", 2), ("qa", 1)])
     frames = protocol.jobs_message([(header, works)], cancelled=[3])
     assert protocol.kind_of(frames[0]) is protocol.Kind.JOBS
-    [(got, got_works)], cancelled = protocol.read_jobs(frames[1:])
+    [(got, got_works)], cancelled = protocol.read_jobs(frames)
     assert got == header and cancelled == [3]
     assert [[(list(r.input_ids), list(r.token_type_ids)) for r in w.rows] for w in got_works] == \
         [[(list(r.input_ids), list(r.token_type_ids)) for r in w.rows] for w in works]
@@ -177,7 +178,9 @@ def test_what_crosses_comes_back_as_it_left():
     outcomes = [protocol.Outcome(1, [logits[:2], np.float32(0.75), qa], 1.5, 2.5),
                 protocol.Outcome(2, failure=protocol.Failure.of(QueueFull("full", reason="queue_full"))),
                 protocol.Outcome(3, failure=protocol.Failure.of(DeadlineExceeded("late")))]
-    results = protocol.read_results(protocol.results_message(outcomes, {"main": 4, "long": 0})[1])
+    [frame] = protocol.results_message(outcomes, {"main": 4, "long": 0})
+    assert protocol.kind_of(frame) is protocol.Kind.RESULTS
+    results = protocol.read_results(frame)
     assert results.waiting == {"main": 4, "long": 0}
     answer, full, late = results.outcomes
     assert answer.outputs[0].tolist() == [0.5, -1.25] and answer.outputs[1] == 0.75
@@ -186,6 +189,7 @@ def test_what_crosses_comes_back_as_it_left():
     assert isinstance(full.failure.error(), QueueFull) and full.failure.error().reason == "queue_full"
     assert isinstance(late.failure.error(), DeadlineExceeded) and str(late.failure.error()) == "late"
 
-    assert protocol.kind_of(b"jobs") is None and protocol.kind_of(bytes([99])) is None
+    assert protocol.kind_of(b"") is None and protocol.kind_of(bytes([99])) is None
     with pytest.raises(msgspec.ValidationError):  # a header of the wrong shape is refused, not half read
-        protocol.read_jobs([msgspec.msgpack.encode([[[1, "sideways", None, []]], []]), *frames[2:]])
+        protocol.read_jobs([protocol.Kind.JOBS.prefix + msgspec.msgpack.encode([[[1, "sideways", None, []]], []]),
+                            frames[1]])
