@@ -182,7 +182,7 @@ def trt_backends(artifact: Path) -> dict:
 
 
 def sample(batch: int, seq: int) -> dict[str, np.ndarray]:
-    from bertzoo.export.gates import _sample_batch
+    from bertzoo.parity_measures import _sample_batch
 
     return _sample_batch(batch, seq, 30522, seed=batch * 1000 + seq)
 

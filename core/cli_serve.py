@@ -298,7 +298,8 @@ def client_command(task: str, texts: tuple[str, ...], connection: dict, timeout:
     import grpc
     from google.protobuf.json_format import MessageToDict
 
-    from bertzoo.serving.client import HEALTH_SERVING, BertzooClient, wait_for_health
+    from bertzoo.serving.client import BertzooClient
+    from bertzoo.serving.health_probe import HEALTH_SERVING, wait_for_health
 
     if task == "health":
         if wait < 0:

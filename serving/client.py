@@ -23,7 +23,7 @@ server's status code and message (``error.code()``, ``error.details()``). Channe
 gRPC's own retries with backoff for UNAVAILABLE, RESOURCE_EXHAUSTED and CANCELLED (a restarting replica, a full
 queue, a call caught by a replica's shutdown), keepalive pings, and no 4 MiB cap on what is sent. TLS can carry a
 client certificate (mTLS). The channel's options and credentials are ``client_channel.py``'s, ``bertzoo client
-health``'s exit codes ``health_probe.py``'s; this module keeps the clients and re-exports those names.
+health``'s exit codes ``health_probe.py``'s.
 """
 
 from __future__ import annotations
@@ -35,18 +35,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Se
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-# The channel's settings and the health probe have modules of their own; their names stay importable from here, the
-# client's public module, as they were before the split.
-from .client_channel import RETRY_SERVICE_CONFIG as RETRY_SERVICE_CONFIG
-from .client_channel import PemSource as PemSource
-from .client_channel import auth_metadata, channel_credentials, channel_options
-from .health_probe import HEALTH_AUTH_OR_TLS as HEALTH_AUTH_OR_TLS
-from .health_probe import HEALTH_CANNOT_CONNECT as HEALTH_CANNOT_CONNECT
-from .health_probe import HEALTH_NOT_SERVING as HEALTH_NOT_SERVING
-from .health_probe import HEALTH_RPC_FAILED as HEALTH_RPC_FAILED
-from .health_probe import HEALTH_SERVING as HEALTH_SERVING
-from .health_probe import probe_health as probe_health
-from .health_probe import wait_for_health as wait_for_health
+from .client_channel import PemSource, auth_metadata, channel_credentials, channel_options
 from .proto import pb2, pb2_grpc
 
 # A stream that ends with one of these lost its replica (draining, restarting, or cut when its shutdown grace ran

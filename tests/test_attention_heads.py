@@ -14,8 +14,8 @@ from bertzoo.trainer.attention_heads import (
     SelfAttentionSentimentHead,
 )
 from bertzoo.trainer.heads import ModelConfig, MultitaskModel
+from bertzoo.trainer.losses import negative_pearson
 from bertzoo.trainer.model import EncoderConfig
-from bertzoo.trainer.train import negative_pearson
 from bertzoo.trainer.zoo_heads import build_zoo_head
 from conftest import TINY_ENCODER, multitask_batch
 

@@ -18,6 +18,7 @@ from bertzoo.export.exporter import ExportError, ExportOptions, export_checkpoin
 from bertzoo.export.sparsegen_onnx import DOMAIN, OP_TYPE, count_nodes
 from bertzoo.export.triton_repo import CPU_TEXT_BATCH, in_process_engine_config
 from bertzoo.packing import PACKED_INPUTS
+from bertzoo.parity_measures import Bounds
 from bertzoo.serving.backends import OnnxRuntimeBackend, TorchBackend
 from bertzoo.trainer.checkpoint import load_model
 from bertzoo.trainer.train import train
@@ -278,7 +279,7 @@ def test_a_missed_parity_gate_fails_the_export_and_leaves_nothing(exported, monk
     if attention != "softmax":
         pytest.skip(ONE_ENCODER)
     real_fp32 = gates.BOUNDS["fp32"]
-    monkeypatch.setitem(gates.BOUNDS, "fp32", gates.Bounds(tensor_max_abs=0.0, same_class=1.0, pearson_delta=0.0,
+    monkeypatch.setitem(gates.BOUNDS, "fp32", Bounds(tensor_max_abs=0.0, same_class=1.0, pearson_delta=0.0,
                                                             f1_delta=0.0))
     out = tmp_path / "art"
     with pytest.raises(ExportError, match="fp32 parity failed: encoder max abs diff.*a bug in bertzoo"):
@@ -290,7 +291,7 @@ def test_a_missed_parity_gate_fails_the_export_and_leaves_nothing(exported, monk
 
     # A variant the user asked for says which option to drop.
     monkeypatch.setitem(gates.BOUNDS, "fp32", real_fp32)
-    monkeypatch.setitem(gates.BOUNDS, "int8", gates.Bounds(tensor_max_abs=0.0, same_class=1.0, pearson_delta=0.0,
+    monkeypatch.setitem(gates.BOUNDS, "int8", Bounds(tensor_max_abs=0.0, same_class=1.0, pearson_delta=0.0,
                                                             f1_delta=0.0))
     with pytest.raises(ExportError, match="int8 parity failed.*export without --int8; nothing was written to"):
         export_checkpoint(run, out, ExportOptions(int8=True, parity_limit=8))
@@ -302,7 +303,7 @@ def test_a_missed_parity_gate_fails_the_export_and_leaves_nothing(exported, monk
 
 
 def test_the_class_agreement_gate_fails_only_on_evidence_of_a_lower_rate():
-    from bertzoo.export.gates import wilson_interval
+    from bertzoo.parity_measures import wilson_interval
 
     # The bundled samples' int8 case: 75 of 80 is 93.75%, and consistent with a 95% rate.
     low, high = wilson_interval(75, 80)

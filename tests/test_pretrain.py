@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from bertzoo.backbone import resolve_backbone
 from bertzoo.tokenization import Tokenizer
 from bertzoo.trainer import pretrain as P
+from bertzoo.trainer.masked_lm import IGNORE
 from conftest import TINY_ENCODER
 
 TINY_OPTIONS = [arg for key, value in TINY_ENCODER.items() for arg in ("--encoder", f"{key}={value}")]
@@ -43,7 +44,7 @@ def test_masking_statistics(tokenizer):
     inputs, labels = P.mask_tokens(ids, mask, specials, tokenizer.mask_id, tokenizer.vocab_size, gen)
 
     candidates = mask.bool() & ~torch.isin(ids, specials)
-    selected = labels != P.IGNORE
+    selected = labels != IGNORE
     assert not (selected & ~candidates).any()  # specials and padding are never selected
     assert torch.equal(labels[selected], ids[selected])
     assert torch.equal(inputs[~selected], ids[~selected])  # nothing else changes

@@ -35,7 +35,6 @@ from bertzoo.tokenization import Tokenizer, pad_batch
 
 from .guidance import AttentionGuidance, check_patterns
 from .launch import seed_everything
-from .masked_lm import IGNORE as IGNORE  # re-exported: imported from here since before the split
 from .masked_lm import MaskedLM, mask_tokens, save_backbone, special_ids
 from .model import EncoderConfig
 from .optimizer import lr_factor, make_optimizer

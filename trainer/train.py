@@ -37,7 +37,6 @@ from .config import TrainConfig
 from .evaluate import evaluate
 from .heads import ModelConfig, MultitaskModel
 from .launch import Dist, seed_everything, setup_distributed
-from .losses import negative_pearson as negative_pearson  # re-exported: imported from here since before the split
 from .losses import task_loss
 from .model import EncoderConfig
 from .objectives import build_objectives
