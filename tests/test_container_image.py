@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 IMAGE = os.environ.get("BERTZOO_IMAGE", "localhost/bertzoo-serve:cpu")
 BUILD = "bash deploy/docker/build_cpu_image.sh"
 SHUTDOWN_GRACE = 10  # the server's drain (--shutdown-grace); podman sends SIGKILL only after STOP_TIMEOUT
+QUEUE_DELAY_MS = 600
 STOP_TIMEOUT = 40
 
 
@@ -105,6 +106,9 @@ def test_cpu_image_serves_every_rpc_through_published_ports_and_drains_on_sigter
                # Single-thread engine instances: the tests share 2 cores.
                "--env", "BERTZOO_THREADS=1", "--env", "BERTZOO_INSTANCES=1",
                "--env", f"BERTZOO_SHUTDOWN_GRACE={SHUTDOWN_GRACE}",
+               # An idle engine holds a lone request this long for company: the call sent before SIGTERM is still in
+               # flight when the signal comes.
+               "--env", f"BERTZOO_MAX_QUEUE_DELAY_MS={QUEUE_DELAY_MS}",
                # No timer runs the HEALTHCHECK (no systemd here): this test runs it with `podman healthcheck run`.
                "--health-interval", "disable",
                image)
@@ -153,10 +157,18 @@ def test_cpu_image_serves_every_rpc_through_published_ports_and_drains_on_sigter
         for task in ("sentiment", "paraphrase", "similarity", "qa", "embed"):
             assert f'bertzoo_requests_total{{code="OK",task="{task}"}}' in metrics, task
 
-        # SIGTERM (the image's STOPSIGNAL): the server drains and exits 0 before podman's SIGKILL.
-        started = time.monotonic()
-        podman("stop", "--time", str(STOP_TIMEOUT), name, timeout=STOP_TIMEOUT + 30)
-        took = time.monotonic() - started
+        # SIGTERM (the image's STOPSIGNAL) with a call in flight: the server answers it, then exits 0 before
+        # podman's SIGKILL.
+        with BertzooClient(f"127.0.0.1:{grpc_port}", timeout=30) as client:
+            in_flight = client.stub.Sentiment.future(pb2.SentimentRequest(texts=["sent before the stop"]), timeout=30)
+            answered_at = []
+            in_flight.add_done_callback(lambda _: answered_at.append(time.monotonic()))
+            time.sleep(0.05)
+            started = time.monotonic()
+            podman("stop", "--time", str(STOP_TIMEOUT), name, timeout=STOP_TIMEOUT + 30)
+            took = time.monotonic() - started
+            assert len(in_flight.result(timeout=5).results) == 1  # answered, not cut
+        assert answered_at and answered_at[0] > started  # it was still waiting when the stop began
         exit_code = podman("inspect", name, "--format", "{{.State.ExitCode}}").stdout.strip()
         logs = podman("logs", name, check=False)
         assert exit_code == "0", f"exit status {exit_code} after {took:.1f} s:\n{logs.stderr[-3000:]}"
