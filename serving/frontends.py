@@ -8,7 +8,7 @@ process, which starts them, holds the port, serves ``/metrics`` and stops them i
             ──gRPC──> front end N ─┘                    │
     Prometheus ──> parent's /metrics <── every process's series (prometheus_client multiprocess mode)
 
-Why processes: one Python event loop tops out near a thousand requests a second, far below a GPU's engine, and
+Why processes: one Python event loop tops out far below a GPU's engine (benchmarks/RESULTS.md, "Serving on GPU"), and
 gRPC's and our per-request Python cannot use a second core from one process. Why one engine process: a batch is
 only as full as the queue it is cut from, and one device wants one owner. Why ZeroMQ: the hand-offs are a few KB
 batched per event-loop turn; a socket pair per front end gives ordering, framing, reconnects and a disconnect event

@@ -29,7 +29,7 @@ def cpu_precision_advice(precision: str, device: torch.device) -> str | None:
     if device.type != "cpu" or uses_bf16(precision, device) == native:
         return None
     if native:
-        return ("this CPU computes bf16 natively (avx512_bf16 or amx_bf16): --precision bf16 trains 1.2-1.5x faster per "
-                "step, dev scores within seed noise of fp32 (benchmarks/RESULTS.md, \"bf16 autocast on the CPU\")")
+        return ("this CPU computes bf16 natively (avx512_bf16 or amx_bf16): --precision bf16 takes 0.67-0.80 of fp32's step "
+                "time, dev scores within seed noise of fp32 (benchmarks/RESULTS.md, \"bf16 autocast on the CPU\")")
     return ("--precision bf16 on a CPU without native bf16 (no avx512_bf16 or amx_bf16 flag) is emulated, slower than "
             "fp32; leave --precision at auto here")
