@@ -326,7 +326,7 @@ def served(run: str, sentences: list[str], work: Path) -> dict:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cli = [sys.executable, "-c", "from bertzoo.cli import main; main()"]
     server = subprocess.Popen([*cli, "serve", run, "--backend", "torch", "--device", "cuda", "--port", str(port),
-                               "--metrics-port", "0", "--host", "127.0.0.1"], cwd=work, env=env,
+                               "--metrics-port", "0", "--http-port", "0", "--host", "127.0.0.1"], cwd=work, env=env,
                               stdout=subprocess.DEVNULL, stderr=open(work / "server.log", "w"))
     target = f"127.0.0.1:{port}"
     try:

@@ -43,7 +43,8 @@ prepare() {  # RUN [DATA]
   local platform=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp
                   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
   .venv/bin/pip download -q "${platform[@]}" -d $G/pkg grpcio==1.85.1 grpcio-health-checking==1.85.1 \
-    grpcio-reflection==1.85.1 pyzmq==27.3.0 msgspec==0.22.0 \
+    grpcio-reflection==1.85.1 pyzmq==27.3.0 msgspec==0.22.0 aiohttp==3.14.5 aiohappyeyeballs aiosignal attrs \
+    frozenlist multidict propcache yarl \
     "protobuf==$(.venv/bin/python -c 'import google.protobuf as p; print(p.__version__)')"
   # h2load (Debian 12, glibc 2.36: runs on the machine's newer glibc) and the libraries it has there no copy of
   cp /usr/bin/h2load $G/pkg/h2load/

@@ -60,7 +60,7 @@ def start_bertzoo(artifact: str, port: int, *flags: str, metrics_port: int | Non
     """``bertzoo serve ARTIFACT`` on loopback ``port`` (metrics on ``metrics_port``, default a free port), ready once
     Sentiment answers. ``launcher``: the command that stands for ``bertzoo`` (default: this Python's)."""
     command = [*(launcher or [sys.executable, "-m", "bertzoo"]), "serve", artifact, "--host", "127.0.0.1",
-               "--port", str(port), "--metrics-port", str(metrics_port or free_port()), *flags]
+               "--port", str(port), "--metrics-port", str(metrics_port or free_port()), "--http-port", "0", *flags]
     return start(command, lambda: answers_sentiment(port))
 
 

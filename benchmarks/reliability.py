@@ -50,8 +50,8 @@ class Server:
         self.port = free_port()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "bertzoo", "serve", artifact, "--host", "127.0.0.1", "--port", str(self.port),
-             "--metrics-port", "0", "--frontends", "2", *flags], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True)
+             "--metrics-port", "0", "--http-port", "0", "--frontends", "2", *flags], stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True)
         with BertzooClient(self.target, options=channel_options(retries=False)) as client:
             client.wait_ready(timeout=300)
         time.sleep(1.0)  # every front end SERVING

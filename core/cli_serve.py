@@ -52,6 +52,8 @@ def _serve_option(*decls: str, name: str, **kwargs):
 @_serve_option("--port", name="port", type=int, help="gRPC port.")
 @_serve_option("--host", name="host", help="Address the gRPC port binds to.")
 @_serve_option("--metrics-port", name="metrics_port", type=int, help="Prometheus /metrics port; 0: none.")
+@_serve_option("--http-port", name="http_port", type=int,
+               help="HTTP/1.1 port of the JSON routes (OpenAI's /v1/embeddings, /sentiment, ..., /health, /info); 0: none.")
 @_serve_option("--metrics-host", name="metrics_host", help="Address of the metrics endpoint (local by default).")
 @_serve_option("--variant", name="variant", type=click.Choice(["auto", "fp32", "optimized", "int8"]), default="auto",
                help="The artifact's encoder (onnxruntime); auto: the fastest it holds whose export parity gates passed "

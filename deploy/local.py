@@ -92,7 +92,7 @@ class LocalStack:
         self.workdir.mkdir(parents=True, exist_ok=True)
         for i, (port, metrics_port) in enumerate(zip(self.ports, self.metrics_ports, strict=True)):
             command = [sys.executable, "-m", "bertzoo", "serve", self.artifact, "--host", "127.0.0.1", "--port",
-                       str(port), "--metrics-port", str(metrics_port), *self.serve_args]
+                       str(port), "--metrics-port", str(metrics_port), "--http-port", "0", *self.serve_args]
             self.servers.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=self._log(f"replica{i}")))
         for i in range(self.replicas):
             wait_until(lambda i=i: self._serving(i), 180, f"replica {i} not SERVING")

@@ -86,6 +86,7 @@ class ServeConfig:
     port: int = 50051  # 0: pick a free port (tests)
     metrics_host: str = "127.0.0.1"  # the metrics endpoint is local unless asked otherwise
     metrics_port: int = 9400  # 0: no metrics endpoint
+    http_port: int = 8000  # the HTTP/1.1 JSON routes (serving/http_server.py) on the same host; 0: none
     max_items: int = 64  # items per request
     # Requests of one stream in the server at a time: enough for a client to keep the batcher fed from one stream;
     # bounded, so a stream cannot fill the whole queue before any other client's request.
@@ -144,9 +145,11 @@ class ServeConfig:
                      "long_request_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("port", "metrics_port"):
+        for name in ("port", "metrics_port", "http_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise ValueError(f"{name} must be a TCP port (0-65535), got {getattr(self, name)}")
+        if self.http_port and self.http_port in (self.port, self.metrics_port):
+            raise ValueError(f"http_port {self.http_port} is also the gRPC or metrics port: give each its own")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.instances < 1:

@@ -98,7 +98,7 @@ class Supervisor:
         processes = [self.engine, *self.frontends.values()]
         return [p.pid for p in processes if p is not None and p.pid is not None and p.is_alive()]
 
-    def start(self, port: int) -> None:
+    def start(self, port: int, http_port: int = 0) -> None:
         reader, self._control = self._context.Pipe(duplex=False)
         from .engine_process import engine_main
 
@@ -106,8 +106,8 @@ class Supervisor:
                                             args=(self.config, self.address, reader, self._levels))
         self.engine.start()
         reader.close()
-        # The front ends bind the port this process holds; their metrics go through this process's endpoint.
-        self._frontend_config = dataclasses.replace(self.config, port=port, metrics_port=0)
+        # The front ends bind the ports this process holds; their metrics go through this process's endpoint.
+        self._frontend_config = dataclasses.replace(self.config, port=port, http_port=http_port, metrics_port=0)
         for index in range(self.config.frontends):
             self._start_frontend(index)
 
@@ -183,6 +183,7 @@ def run_with_frontends(config: ServeConfig) -> int:
         # Read by prometheus_client in each child at import: their series go to files the parent's endpoint merges.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
         holder, port = hold_port(config.host, config.port, "--port")
+        http_holder, http_port = hold_port(config.host, config.http_port, "--http-port") if config.http_port else (None, 0)
         supervisor = Supervisor(config, Path(run_dir))
         wake_reader, wake_writer = socket.socketpair()
         previous = {sig: signal.signal(sig, lambda *_: wake_writer.send(b"x")) for sig in (signal.SIGTERM,
@@ -193,9 +194,10 @@ def run_with_frontends(config: ServeConfig) -> int:
             if config.metrics_port:
                 http = serve_metrics(merged_registry(str(metrics_dir), supervisor.pids), config.metrics_host,
                                      config.metrics_port)
-            supervisor.start(port)
-            log.info("%d front ends on gRPC port %d (HTTP/2), engine process %d, run directory %s", config.frontends,
-                     port, supervisor.engine.pid, run_dir)
+            supervisor.start(port, http_port)
+            log.info("%d front ends on gRPC port %d (HTTP/2)%s, engine process %d, run directory %s",
+                     config.frontends, port, f" and HTTP port {http_port} (HTTP/1.1)" if http_port else "",
+                     supervisor.engine.pid, run_dir)
             code = supervisor.watch(wake_reader)
             if code == 0:
                 log.info("stop signal: front ends refuse new calls and finish accepted ones (up to %.0f s)",
@@ -210,6 +212,8 @@ def run_with_frontends(config: ServeConfig) -> int:
                 http.shutdown()
                 http.server_close()
             holder.close()
+            if http_holder is not None:
+                http_holder.close()
             os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
         log.info("stopped")
         return code

@@ -32,6 +32,7 @@ from .config import ServeConfig
 from .engine import EMBED
 from .event_loop import run_on_best_loop
 from .health_service import DrainingHealthServicer
+from .http_server import HttpRoutes, HttpServer
 from .interceptors import BearerTokenInterceptor, MalformedRequestInterceptor
 from .lanes import Lanes, ModelLoader, open_local_lanes
 from .metrics import Metrics
@@ -73,12 +74,12 @@ class BertzooServer:
         self._health: DrainingHealthServicer | None = None
         self._lanes: Lanes | None = None
         self._service: TaskService | None = None
+        self._http: HttpServer | None = None
+        self.serving = False  # health SERVING: loaded and warmed up, not draining
 
     def _count_refused(self, method: str, code: grpc.StatusCode, reason: str) -> None:
         """Metrics for a call an interceptor refused before it reached the servicer."""
-        task = METHOD_TASKS.get(method.rsplit("/", 1)[-1], "other")
-        self.metrics.requests.labels(task, code.name).inc()
-        self.metrics.failures.labels(task, code.name, reason).inc()
+        self.metrics.record_refused(METHOD_TASKS.get(method.rsplit("/", 1)[-1], "other"), code.name, reason)
 
     async def start(self) -> None:
         """Listen, with health NOT_SERVING until :meth:`load` is done."""
@@ -132,6 +133,13 @@ class BertzooServer:
         self._server = server
         if config.metrics_port:
             self.metrics_port = self.metrics.serve(config.metrics_host, config.metrics_port)
+        if config.http_port:
+            routes = HttpRoutes(config, servicer, self.metrics, lambda: self._service, lambda: self.serving)
+            self._http = HttpServer(routes, config)
+            await self._http.start(config.host, config.http_port, reuse_port=self._share_port)
+            if not self._share_port:
+                log.info("listening on %s for HTTP/1.1 (JSON: /v1/embeddings, /sentiment, ..., /health, /info)",
+                         address(config.host, config.http_port))
         # Said to be gRPC: curl on this port gets "Received HTTP/0.9" from gRPC's core, which owns the socket.
         log.info("listening on %s for gRPC over HTTP/2 (%s%s; `bertzoo client` or grpcurl, not curl); health "
                  "NOT_SERVING until the model is ready", address(config.host, self.port),
@@ -149,11 +157,13 @@ class BertzooServer:
         for service in ("", SERVICE_NAME):
             await self._health.set(service, SERVING)
         self.metrics.ready.set(1)
+        self.serving = True
         log.info("ready: health SERVING (%s on %s, %s)", spec.backend, spec.device, spec.precision)
 
     async def not_serving(self) -> None:
         """Health NOT_SERVING from now on (the engine process is gone; the server is about to stop)."""
         self.metrics.ready.set(0)
+        self.serving = False
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
 
@@ -162,6 +172,9 @@ class BertzooServer:
         shutdown_grace), then stop everything."""
         grace = self.config.shutdown_grace if grace is None else grace
         self.metrics.ready.set(0)
+        self.serving = False
+        # HTTP drains beside gRPC: it stops accepting connections and lets its requests in flight finish.
+        http_stopped = asyncio.create_task(self._http.stop()) if self._http is not None else None
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
         if self._server is not None:
@@ -177,6 +190,8 @@ class BertzooServer:
             if self._servicer is not None and self._servicer.cut_at_shutdown:
                 log.warning("shutdown: %d calls still running when the %.1f s grace ran out were cut (UNAVAILABLE, "
                             "reason shutdown)", self._servicer.cut_at_shutdown, grace)
+        if http_stopped is not None:
+            await http_stopped
         if self._lanes is not None:
             await self._lanes.close()
         if self._service is not None:

@@ -106,6 +106,11 @@ class Metrics:
             self.requests.labels(task, "OK")
             self.open_streams.labels(task)
 
+    def record_refused(self, task: str, code: str, reason: str) -> None:
+        """A request refused before it reached the servicer (an interceptor, an unreadable HTTP body): no latency."""
+        self.requests.labels(task, code).inc()
+        self.failures.labels(task, code, reason).inc()
+
     def record_request(self, task: str, code: str, reason: str, seconds: float) -> None:
         self.requests.labels(task, code).inc()
         self.request_seconds.labels(task).observe(seconds)

@@ -1,10 +1,11 @@
 """The bertzoo.v1.Bertzoo gRPC servicer: protobuf in and out around the transport-agnostic TaskService.
 
-Every request, of a unary RPC or on a stream, is one call of :meth:`BertzooServicer._serve_one`, which maps the core's
-errors to status codes and records the request metrics (in-flight gauge, latency, result by code and reason) whatever
-happens, cancellation included. A unary RPC ends with a failure's status; a stream answers it in the request's place
-and goes on. When the server starts to drain, every open stream stops reading, answers the requests it has taken and
-ends with UNAVAILABLE, so its client sends the rest to another replica now rather than when the grace runs out.
+Every request, of a unary RPC or on a stream (or of an HTTP route, serving/http_server.py), is one call of
+:meth:`BertzooServicer.serve_one`, which maps the core's errors to status codes and records the request metrics
+(in-flight gauge, latency, result by code and reason) whatever happens, cancellation included. A unary RPC ends with
+a failure's status; a stream answers it in the request's place and goes on. When the server starts to drain, every
+open stream stops reading, answers the requests it has taken and ends with UNAVAILABLE, so its client sends the rest
+to another replica now rather than when the grace runs out.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
         else:
             self._unexpected[task] = (last, suppressed + 1)
 
-    async def _serve_one(self, task: str, context: grpc.aio.ServicerContext,
+    async def serve_one(self, task: str, context: grpc.aio.ServicerContext,
                          answer: Answer[Response]) -> Response | Failure:
         """One request, unary or on a stream: its response, or the status it fails with. Records the request's
         metrics (in-flight gauge, latency, result by code and reason) whatever happens, cancellation included."""
@@ -143,7 +144,7 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
     async def _handle(self, task: str, context: grpc.aio.ServicerContext,
                       answer: Answer[Response]) -> Response:
         """A unary RPC: the response, or the call ends with the failure's status."""
-        result = await self._serve_one(task, context, answer)
+        result = await self.serve_one(task, context, answer)
         if isinstance(result, Failure):
             await context.abort(grpc.StatusCode[result.code], result.message)
         return result
@@ -160,7 +161,7 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
         async def read() -> None:
             async for request in requests:
                 await window.acquire()
-                answers.put_nowait(asyncio.create_task(self._serve_one(task, context, answer_for(request))))
+                answers.put_nowait(asyncio.create_task(self.serve_one(task, context, answer_for(request))))
 
         def reading_ended(reader: asyncio.Task) -> None:
             # The end of the requests, or of reading them (read's error follows): a callback rather than read's own
@@ -257,8 +258,7 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
     QAStream = _stream_method("qa", "_qa", pb2.QAStreamResponse)
     EmbedStream = _stream_method("embed", "_embed", pb2.EmbedStreamResponse)
 
-    async def ModelInfo(self, request: pb2.ModelInfoRequest, context: grpc.aio.ServicerContext
-                        ) -> pb2.ModelInfoResponse:
+    def model_info_answer(self) -> Answer[pb2.ModelInfoResponse]:
         async def answer(service: TaskService, _timeout: float | None) -> pb2.ModelInfoResponse:
             spec, config, limits = service.spec, self._config, service.spec.limits
             return pb2.ModelInfoResponse(
@@ -274,4 +274,8 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
                 artifact_versions=spec.artifact_versions, runtime_versions=self._runtime_versions,
                 device=spec.device, precision=spec.precision, engine_choice=config.engine_choice)
 
-        return await self._handle("model_info", context, answer)
+        return answer
+
+    async def ModelInfo(self, request: pb2.ModelInfoRequest, context: grpc.aio.ServicerContext
+                        ) -> pb2.ModelInfoResponse:
+        return await self._handle("model_info", context, self.model_info_answer())

@@ -42,6 +42,7 @@ class Timing:
     tokenize: float
     inference: float
     total: float
+    tokens: int = 0  # the encoder tokens the request ran (every sequence, every QA window): OpenAI's usage counts them
 
 
 class TaskService:
@@ -143,7 +144,7 @@ class TaskService:
             outputs = await job.future
         assert job.first_start is not None and job.last_end is not None  # set for every delivered job
         timing = Timing(queue=job.first_start - job.submitted, tokenize=tokenized - started,
-                        inference=job.last_end - job.first_start, total=time.perf_counter() - started)
+                        inference=job.last_end - job.first_start, total=time.perf_counter() - started, tokens=cost)
         self._metrics.tokenize_seconds.labels(task).observe(timing.tokenize)
         self._metrics.queue_seconds.labels(task).observe(timing.queue)
         self._metrics.inference_seconds.labels(task).observe(timing.inference)

@@ -197,11 +197,11 @@ def free_port() -> int:
 
 
 def serve_config(model_dir, **overrides):
-    """A ServeConfig for tests: loopback, any free port, no metrics endpoint, one backend thread without spinning
-    (the tests share 2 cores)."""
+    """A ServeConfig for tests: loopback, any free port, no metrics endpoint and no HTTP port (a test that wants one
+    names a free port), one backend thread without spinning (the tests share 2 cores)."""
     from bertzoo.serving.config import ServeConfig
 
-    return ServeConfig(str(model_dir), **{"host": "127.0.0.1", "port": 0, "metrics_port": 0, "threads": 1,
+    return ServeConfig(str(model_dir), **{"host": "127.0.0.1", "port": 0, "metrics_port": 0, "http_port": 0, "threads": 1,
                                           "ort_spinning": False, **overrides})
 
 

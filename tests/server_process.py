@@ -19,9 +19,10 @@ class ServerProcess:
     """``bertzoo serve ARTIFACT --frontends N FLAGS...`` in a subprocess, on free ports, its output collected."""
 
     def __init__(self, artifact: Path, *flags: str, frontends: int = 2) -> None:
-        self.port, self.metrics_port = free_port(), free_port()
+        self.port, self.metrics_port, self.http_port = free_port(), free_port(), free_port()
         command = [sys.executable, "-m", "bertzoo.cli", "serve", str(artifact), "--host", "127.0.0.1", "--port",
-                   str(self.port), "--metrics-port", str(self.metrics_port), "--threads", "1", "--no-ort-spinning",
+                   str(self.port), "--metrics-port", str(self.metrics_port), "--http-port", str(self.http_port),
+                   "--threads", "1", "--no-ort-spinning",
                    "--backend", "onnxruntime", "--frontends", str(frontends), *flags]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                         env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -66,13 +66,13 @@ def test_a_truncated_checkpoint(tmp_path, tiny_artifact):
 
 def test_serve_a_run_directory_says_what_to_do(tiny_artifact):
     run, _ = tiny_artifact
-    result = run_cli("serve", str(run), "--port", "0", "--metrics-port", "0")
+    result = run_cli("serve", str(run), "--port", "0", "--metrics-port", "0", "--http-port", "0")
     assert_one_line_error(result, str(run), "not an export artifact", "--backend torch", f"bertzoo export {run}")
     assert "listening" not in result.output  # checked before the port was bound
 
 
 def test_serve_a_directory_without_manifest(tmp_path):
-    result = run_cli("serve", str(tmp_path), "--port", "0", "--metrics-port", "0")
+    result = run_cli("serve", str(tmp_path), "--port", "0", "--metrics-port", "0", "--http-port", "0")
     assert_one_line_error(result, str(tmp_path), "no manifest.json", "--out directory of `bertzoo export`")
     assert "listening" not in result.output
 

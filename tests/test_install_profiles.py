@@ -37,7 +37,7 @@ def test_the_server_and_client_run_without_torch(tiny_artifact, tmp_path):
         from bertzoo.serving.config import ServeConfig
         from bertzoo.serving.grpc_server import ServerThread
 
-        config = ServeConfig({str(artifact)!r}, host="127.0.0.1", port=0, metrics_port=0, threads=1)
+        config = ServeConfig({str(artifact)!r}, host="127.0.0.1", port=0, metrics_port=0, http_port=0, threads=1)
         with ServerThread(config) as running, BertzooClient(f"127.0.0.1:{{running.port}}") as client:
             client.wait_ready(timeout=120)
             assert len(client.sentiment(["a fine film", "dull"]).results) == 2

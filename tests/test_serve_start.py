@@ -96,8 +96,14 @@ def test_busy_ports_are_one_line_naming_the_address_and_option(tiny_artifact):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        grpc_busy = _serve(artifact, "--port", str(port), "--metrics-port", "0", "--frontends", "1")
-        metrics_busy = _serve(artifact, "--port", str(free_port()), "--metrics-port", str(port), "--frontends", "1")
+        one = ("--frontends", "1")
+        grpc_busy = _serve(artifact, "--port", str(port), "--metrics-port", "0", "--http-port", "0", *one)
+        metrics_busy = _serve(artifact, "--port", str(free_port()), "--metrics-port", str(port), "--http-port", "0", *one)
+        http_busy = [_serve(artifact, "--port", str(free_port()), "--metrics-port", "0", "--http-port", str(port),
+                            "--frontends", n) for n in ("1", "2")]
+    for busy in http_busy:  # one process, and the parent of two front ends
+        assert busy.returncode == 1, busy.stderr[-2000:]
+        assert f"127.0.0.1:{port}" in busy.stderr and "--http-port" in busy.stderr and "Traceback" not in busy.stderr
     assert grpc_busy.returncode == 1
     assert f"could not listen on 127.0.0.1:{port}" in grpc_busy.stderr and "--port" in grpc_busy.stderr
     assert "GRPC_VERBOSITY" not in grpc_busy.stderr and "Traceback" not in grpc_busy.stderr
@@ -154,7 +160,8 @@ def test_serve_leaves_the_signal_handlers_as_it_found_them(tiny_artifact):
         from bertzoo.serving.config import ServeConfig
         from bertzoo.serving.grpc_server import serve
 
-        config = ServeConfig({str(artifact)!r}, host="127.0.0.1", port=0, metrics_port=0, threads=1, shutdown_grace=1)
+        config = ServeConfig({str(artifact)!r}, host="127.0.0.1", port=0, metrics_port=0, http_port=0, threads=1,
+                             shutdown_grace=1)
 
         async def main():
             asyncio.get_running_loop().call_later(3.0, os.kill, os.getpid(), signal.SIGTERM)

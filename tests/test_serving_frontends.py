@@ -210,7 +210,7 @@ def test_a_taken_port_fails_the_start_with_one_line(tiny_artifact):
         server.process.kill()
         server.process.communicate()
         command = [sys.executable, "-m", "bertzoo.cli", "serve", str(artifact), "--host", "127.0.0.1", "--port",
-                   str(server.port), "--metrics-port", "0", "--frontends", "2"]
+                   str(server.port), "--metrics-port", "0", "--http-port", "0", "--frontends", "2"]
         result = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert f"could not listen on 127.0.0.1:{server.port}" in result.stderr and "--port" in result.stderr

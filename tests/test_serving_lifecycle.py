@@ -128,7 +128,8 @@ def test_sigterm_finishes_every_accepted_request_then_exits(tiny_artifact):
     port = free_port()
     # An idle model waits 1.5 s to fill a batch, so the requests are still in flight when SIGTERM arrives.
     command = [sys.executable, "-m", "bertzoo.cli", "serve", str(artifact), "--host", "127.0.0.1", "--port", str(port),
-               "--metrics-port", "0", "--threads", "1", "--no-ort-spinning", "--max-queue-delay-ms", "1500"]
+               "--metrics-port", "0", "--http-port", "0", "--threads", "1", "--no-ort-spinning",
+               "--max-queue-delay-ms", "1500"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                cwd=artifact.parent)
@@ -158,12 +159,12 @@ def test_sigterm_finishes_every_accepted_request_then_exits(tiny_artifact):
 def test_serve_fails_with_the_reason_on_a_broken_artifact_or_a_taken_port(tiny_artifact, tmp_path):
     (tmp_path / "empty").mkdir()
     result = CliRunner().invoke(main, ["serve", str(tmp_path / "empty"), "--host", "127.0.0.1", "--port",
-                                       str(free_port()), "--metrics-port", "0"])
+                                       str(free_port()), "--metrics-port", "0", "--http-port", "0"])
     assert result.exit_code == 1 and "no manifest.json" in result.output
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         result = CliRunner().invoke(main, ["serve", str(tiny_artifact[1]), "--host", "127.0.0.1", "--port", str(port),
-                                           "--metrics-port", "0"])
+                                           "--metrics-port", "0", "--http-port", "0"])
     assert result.exit_code == 1 and f"could not listen on 127.0.0.1:{port}" in result.output

@@ -1,0 +1,230 @@
+"""HTTP/1.1 JSON routes beside the gRPC port (``--http-port``), served by the same process as the gRPC RPCs (each
+front end, or the one process) through the same servicer: the same task service, tokenization, limits, batching,
+request metrics and errors. aiohttp runs them on the process's own event loop (uvloop where installed) with its C
+HTTP parser; no HTTP is parsed here.
+
+Routes:
+
+- ``POST /v1/embeddings`` and ``GET /v1/models``: OpenAI's embeddings API, for the clients and frameworks made for it;
+- ``POST /sentiment``, ``/paraphrase``, ``/similarity``, ``/qa``, ``/embed``: each RPC's request and answer as JSON
+  (protobuf's JSON mapping with the .proto's field names: what ``bertzoo client`` prints);
+- ``GET /health``: 200 while the server is SERVING (after warm-up, not while draining), 503 otherwise;
+  ``GET /info``: ModelInfo as JSON.
+
+A failure answers with the HTTP status of its gRPC code and one line naming the field or limit: under ``/v1`` as
+OpenAI's error object, elsewhere ``{"error": message, "code": GRPC_CODE}``. With ``--auth-token`` every route but
+``/health`` needs exactly one ``Authorization: Bearer`` header.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import json
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import numpy as np
+from aiohttp import web
+from google.protobuf import json_format
+
+from .config import ServeConfig
+from .errors import InvalidRequest, ServingError
+from .metrics import Metrics
+from .proto import pb2
+from .servicer import BertzooServicer, Failure
+from .tasks_service import TaskService
+
+log = logging.getLogger("bertzoo.serving")
+
+HTTP_STATUS = {"INVALID_ARGUMENT": 400, "UNAUTHENTICATED": 401, "NOT_FOUND": 404, "RESOURCE_EXHAUSTED": 429,
+               "CANCELLED": 499, "INTERNAL": 500, "UNAVAILABLE": 503, "DEADLINE_EXCEEDED": 504}
+# OpenAI's error types for each status (its API reference's error codes).
+OPENAI_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                      413: "invalid_request_error", 429: "rate_limit_error", 503: "server_error", 504: "server_error"}
+# Each task route: its RPC's request message and the servicer's answer for it (the unary RPC's).
+TASK_ROUTES = {"sentiment": (pb2.SentimentRequest, "_sentiment"), "paraphrase": (pb2.ParaphraseRequest, "_paraphrase"),
+               "similarity": (pb2.SimilarityRequest, "_similarity"), "qa": (pb2.QARequest, "_qa"),
+               "embed": (pb2.EmbedRequest, "_embed")}
+OPEN_PATHS = ("/health",)
+
+
+class _NoDeadline:
+    """What the servicer asks a call's context: HTTP requests carry no deadline."""
+
+    @staticmethod
+    def time_remaining() -> None:
+        return None
+
+
+def error_response(path: str, status: int, message: str, code: str) -> web.Response:
+    if path.startswith("/v1/"):
+        body = {"error": {"message": message, "type": OPENAI_ERROR_TYPES.get(status, "server_error"), "param": None,
+                          "code": code.lower()}}
+    else:
+        body = {"error": message, "code": code}
+    return web.json_response(body, status=status)
+
+
+class HttpRoutes:
+    """The routes, over the gRPC server's servicer (its per-request metrics and error mapping) and health state."""
+
+    def __init__(self, config: ServeConfig, servicer: BertzooServicer, metrics: Metrics,
+                 service: Callable[[], TaskService | None], serving: Callable[[], bool]) -> None:
+        self._config, self._servicer, self._metrics = config, servicer, metrics
+        self._service, self._serving = service, serving
+        self.model_id = Path(config.model_dir).name or "bertzoo"
+
+    def application(self) -> web.Application:
+        app = web.Application(client_max_size=self._config.message_limit, middlewares=[self._guard])
+        app.router.add_post("/v1/embeddings", self.openai_embeddings)
+        app.router.add_get("/v1/models", self.openai_models)
+        for task in TASK_ROUTES:
+            app.router.add_post(f"/{task}", self.task)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/info", self.info)
+        return app
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                     ) -> web.StreamResponse:
+        """Auth first; every error, aiohttp's own (404, 405, 413) included, as JSON of the route's kind."""
+        if self._config.auth_token and request.path not in OPEN_PATHS:
+            given = request.headers.getall("Authorization", [])
+            if len(given) != 1 or not hmac.compare_digest(given[0].encode(), f"Bearer {self._config.auth_token}".encode()):
+                why = ("more than one authorization header" if len(given) > 1 else
+                       "missing or wrong bearer token (Authorization: Bearer <token>)")
+                self._metrics.record_refused(request.path.strip("/"), "UNAUTHENTICATED", "unauthenticated")
+                return error_response(request.path, 401, why, "UNAUTHENTICATED")
+        try:
+            return await handler(request)
+        except web.HTTPException as e:
+            if e.status < 400:
+                raise
+            code = {413: "RESOURCE_EXHAUSTED", 404: "NOT_FOUND", 405: "INVALID_ARGUMENT"}.get(e.status, "INVALID_ARGUMENT")
+            message = (f"the request body is over {self._config.message_limit} bytes (--max-message-bytes)"
+                       if e.status == 413 else f"{e.reason}: {request.method} {request.path}")
+            return error_response(request.path, e.status, message, code)
+
+    async def _body(self, request: web.Request) -> dict:
+        try:
+            body = await request.json(loads=json.loads)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise InvalidRequest(f"the body is not JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise InvalidRequest(f"the body must be a JSON object, got {type(body).__name__}")
+        return body
+
+    async def _answer(self, request: web.Request, task: str, answer) -> web.Response | object:
+        """The servicer's answer for one request (metrics recorded there), or the error response."""
+        result = await self._servicer.serve_one(task, _NoDeadline(), answer)
+        if isinstance(result, Failure):
+            return error_response(request.path, HTTP_STATUS.get(result.code, 500), result.message, result.code)
+        return result
+
+    async def task(self, request: web.Request) -> web.Response:
+        task = request.path.strip("/")
+        message_type, answer_for = TASK_ROUTES[task]
+        try:
+            message = json_format.ParseDict(await self._body(request), message_type())
+        except (ServingError, json_format.ParseError) as e:
+            return self._refused(request, task, e)
+        result = await self._answer(request, task, getattr(self._servicer, answer_for)(message))
+        if isinstance(result, web.Response):
+            return result
+        return web.json_response(json_format.MessageToDict(result, preserving_proto_field_name=True,
+                                                           always_print_fields_with_no_presence=True))
+
+    def _refused(self, request: web.Request, task: str, error: Exception) -> web.Response:
+        """A body that never reached the servicer: counted as the servicer counts a malformed message."""
+        self._metrics.record_refused(task, "INVALID_ARGUMENT", "malformed")
+        return error_response(request.path, 400, str(error).splitlines()[0], "INVALID_ARGUMENT")
+
+    async def openai_embeddings(self, request: web.Request) -> web.Response:
+        try:
+            texts, encoding = self._openai_input(await self._body(request))
+        except ServingError as e:
+            return self._refused(request, "embed", e)
+
+        async def answer(service: TaskService, timeout: float | None):
+            return await service.embed(texts, timeout)
+
+        result = await self._answer(request, "embed", answer)
+        if isinstance(result, web.Response):
+            return result
+        vectors, timing = result
+        data = [{"object": "embedding", "index": i,
+                 "embedding": vector.tolist() if encoding == "float"
+                 else base64.b64encode(np.ascontiguousarray(vector, dtype="<f4").tobytes()).decode()}
+                for i, vector in enumerate(vectors)]
+        return web.json_response({"object": "list", "data": data, "model": self.model_id,
+                                  "usage": {"prompt_tokens": timing.tokens, "total_tokens": timing.tokens}})
+
+    def _openai_input(self, body: dict) -> tuple[list[str], str]:
+        texts = body.get("input")
+        if isinstance(texts, str):
+            texts = [texts]
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise InvalidRequest("input must be a string or a non-empty list of strings (token arrays are not taken)")
+        encoding = body.get("encoding_format", "float")
+        if encoding not in ("float", "base64"):
+            raise InvalidRequest(f"encoding_format must be 'float' or 'base64', got {encoding!r}")
+        dimensions = body.get("dimensions")
+        service = self._service()
+        if dimensions is not None and (service is None or dimensions != service.spec.hidden_size):
+            size = "the model's" if service is None else str(service.spec.hidden_size)
+            raise InvalidRequest(f"dimensions: this model's embeddings have {size} dimensions and are not shortened; "
+                                 "leave dimensions out")
+        return texts, encoding
+
+    async def openai_models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": self.model_id, "object": "model", "created": 0,
+                                                              "owned_by": "bertzoo"}]})
+
+    async def health(self, request: web.Request) -> web.Response:
+        serving = self._serving()
+        return web.json_response({"status": "SERVING" if serving else "NOT_SERVING"}, status=200 if serving else 503)
+
+    async def info(self, request: web.Request) -> web.Response:
+        result = await self._answer(request, "model_info", self._servicer.model_info_answer())
+        if isinstance(result, web.Response):
+            return result
+        return web.json_response(json_format.MessageToDict(result, preserving_proto_field_name=True,
+                                                           always_print_fields_with_no_presence=True))
+
+
+class HttpServer:
+    """The routes on ``host:port``; ``reuse_port`` beside the other front ends of one server."""
+
+    def __init__(self, routes: HttpRoutes, config: ServeConfig) -> None:
+        self._config = config
+        self._runner = web.AppRunner(routes.application(), access_log=None, shutdown_timeout=config.shutdown_grace)
+
+    def _tls(self) -> ssl.SSLContext | None:
+        """The gRPC port's TLS settings, client certificates (mTLS) included."""
+        config = self._config
+        if not config.tls:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(str(config.tls_cert), str(config.tls_key))
+        if config.tls_client_ca:
+            context.load_verify_locations(str(config.tls_client_ca))
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+    async def start(self, host: str, port: int, reuse_port: bool) -> None:
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, reuse_address=True, reuse_port=reuse_port,
+                           ssl_context=self._tls())
+        try:
+            await site.start()
+        except OSError as e:
+            await self._runner.cleanup()
+            raise OSError(f"could not listen on {host}:{port} for HTTP: {e.strerror or e} (--http-port; 0 turns "
+                          "it off)") from None
+
+    async def stop(self) -> None:
+        """Stop accepting connections, let the requests in flight finish (up to the grace), close."""
+        await self._runner.cleanup()

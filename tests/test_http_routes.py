@@ -1,0 +1,159 @@
+"""The HTTP routes beside the gRPC port (`--http-port`), with real clients: the `openai` package, urllib, curl; their
+answers against the gRPC RPCs' for the same texts."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from bertzoo.serving.client import BertzooClient
+from bertzoo.serving.grpc_server import ServerThread
+from conftest import free_port, serve_config
+from server_process import ServerProcess, metric
+
+TEXTS = ["a gorgeous , witty , seductive movie .", "the plot is dull", "hello"]
+PAIRS = [("how old are you", "what is your age"), ("a cat sits", "a dog runs")]
+
+
+def call(port: int, path: str, body: object | None = None, headers: dict | None = None,
+         raw: bytes | None = None) -> tuple[int, dict]:
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, headers=headers or {},
+                                     method="GET" if data is None else "POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.fixture(scope="module")
+def http_server(tiny_artifact):
+    _, artifact = tiny_artifact
+    port = free_port()
+    with ServerThread(serve_config(artifact, http_port=port)) as running:
+        yield running, port
+
+
+def test_openai_client_gets_the_embed_rpcs_vectors(http_server):
+    openai = pytest.importorskip("openai")
+    running, port = http_server
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+    got = client.embeddings.create(input=TEXTS, model="any-name")  # the package asks for base64 and decodes it
+    as_floats = client.embeddings.create(input=TEXTS[0], model="any-name", encoding_format="float")
+    with BertzooClient(f"127.0.0.1:{running.port}") as grpc_client:
+        expected = np.array([e.values for e in grpc_client.embed(TEXTS).embeddings])
+    assert [d.index for d in got.data] == [0, 1, 2]
+    np.testing.assert_allclose(np.array([d.embedding for d in got.data]), expected, atol=1e-6)
+    np.testing.assert_allclose(as_floats.data[0].embedding, expected[0], atol=1e-6)
+    assert got.usage.prompt_tokens == got.usage.total_tokens > len(TEXTS) * 2  # [CLS] and [SEP] at least
+    assert [m.id for m in client.models.list().data] == [got.model]
+    with pytest.raises(openai.BadRequestError, match="dimensions"):
+        client.embeddings.create(input="x", model="any-name", dimensions=3)
+
+
+def test_task_routes_answer_as_the_rpcs_do(http_server):
+    running, port = http_server
+    with BertzooClient(f"127.0.0.1:{running.port}") as grpc_client:
+        expected = {"sentiment": grpc_client.sentiment(TEXTS), "paraphrase": grpc_client.paraphrase(PAIRS),
+                    "similarity": grpc_client.similarity(PAIRS),
+                    "qa": grpc_client.qa([("who went home?", "Bob went home after the game.")])}
+    bodies = {"sentiment": {"texts": TEXTS}, "paraphrase": {"pairs": [{"text_a": a, "text_b": b} for a, b in PAIRS]},
+              "similarity": {"pairs": [{"text_a": a, "text_b": b} for a, b in PAIRS]},
+              "qa": {"items": [{"question": "who went home?", "context": "Bob went home after the game."}]}}
+    for task, body in bodies.items():
+        status, answer = call(port, f"/{task}", body)
+        assert status == 200, answer
+        want = expected[task].results
+        assert len(answer["results"]) == len(want)
+        if task == "sentiment":
+            assert [r["label"] for r in answer["results"]] == [r.label for r in want]
+            np.testing.assert_allclose([r["probabilities"] for r in answer["results"]],
+                                       [list(r.probabilities) for r in want], atol=1e-6)
+        elif task == "qa":
+            assert [(r["answer"], r["start_char"]) for r in answer["results"]] == [(r.answer, r.start_char) for r in want]
+        else:
+            key = "probability" if task == "paraphrase" else "score"
+            np.testing.assert_allclose([r[key] for r in answer["results"]], [getattr(r, key) for r in want], atol=1e-6)
+        assert set(answer["timing"]) >= {"queue_seconds", "inference_seconds", "total_seconds"}
+    status, info = call(port, "/info")
+    assert status == 200 and info["tasks"] == ["sentiment", "paraphrase", "similarity", "qa"]
+    assert call(port, "/health") == (200, {"status": "SERVING"})
+    text = running.metrics.registry
+    assert text.get_sample_value("bertzoo_requests_total", {"task": "paraphrase", "code": "OK"}) >= 2  # same series
+
+
+@pytest.mark.parametrize(("path", "body", "status", "says"), [
+    ("/sentiment", b"not json", 400, "not JSON"),
+    ("/sentiment", b"[1, 2]", 400, "JSON object"),
+    ("/sentiment", b'{"texts": [3]}', 400, "texts"),
+    ("/sentiment", b'{"text": ["misspelt field"]}', 400, "text"),
+    ("/sentiment", b'{"texts": []}', 400, "texts"),
+    ("/sentiment", json.dumps({"texts": ["x" * 20001]}).encode(), 400, "texts[0]"),
+    ("/v1/embeddings", b'{"input": []}', 400, "input"),
+    ("/v1/embeddings", b'{"input": [[1, 2, 3]]}', 400, "token arrays"),
+    ("/v1/embeddings", b'{"input": "x", "encoding_format": "int8"}', 400, "encoding_format"),
+    ("/nowhere", b"{}", 404, "/nowhere"),
+])
+def test_every_malformed_body_is_one_clear_error(http_server, path, body, status, says):
+    _, port = http_server
+    got, answer = call(port, path, raw=body, headers={"Content-Type": "application/json"})
+    message = answer["error"]["message"] if path.startswith("/v1/") else answer["error"]
+    assert got == status and says in message, answer
+    if path.startswith("/v1/"):
+        assert answer["error"]["type"] == "invalid_request_error"  # OpenAI's error object
+    else:
+        assert answer["code"] == ("NOT_FOUND" if status == 404 else "INVALID_ARGUMENT")
+
+
+def test_an_oversized_body_is_refused_413(tiny_artifact):
+    _, artifact = tiny_artifact
+    port = free_port()
+    with ServerThread(serve_config(artifact, http_port=port, max_message_bytes=1024)):
+        status, answer = call(port, "/sentiment", {"texts": ["word " * 400]})
+    assert status == 413 and "1024 bytes" in answer["error"] and answer["code"] == "RESOURCE_EXHAUSTED"
+
+
+def test_a_token_guards_every_route_but_health_and_one_header_only(tiny_artifact):
+    _, artifact = tiny_artifact
+    port = free_port()
+    with ServerThread(serve_config(artifact, http_port=port, auth_token="s3cret")):
+        assert call(port, "/health")[0] == 200
+        assert call(port, "/sentiment", {"texts": ["x"]})[0] == 401
+        assert call(port, "/sentiment", {"texts": ["x"]}, {"Authorization": "Bearer guess"})[0] == 401
+        status, answer = call(port, "/v1/embeddings", {"input": "x"}, {"Authorization": "Bearer s3cret"})
+        assert status == 200 and len(answer["data"]) == 1
+        # Two Authorization headers, right then wrong: refused (urllib sends one; a raw request sends both).
+        request = ("POST /sentiment HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   "Authorization: Bearer s3cret\r\nAuthorization: Bearer guess\r\nContent-Length: 15\r\n"
+                   "Connection: close\r\n\r\n{\"texts\":[\"x\"]}")
+        import socket
+
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+            raw.sendall(request.encode())
+            reply = b"".join(iter(lambda: raw.recv(4096), b""))
+        assert reply.startswith(b"HTTP/1.1 401") and b"more than one authorization header" in reply
+
+
+@pytest.mark.slow
+def test_front_ends_serve_http_and_curl_reaches_it(tiny_artifact):
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed")
+    _, artifact = tiny_artifact
+    with ServerProcess(artifact) as server:
+        server.wait_ready()
+        for _ in range(4):  # connections of their own, over both front ends
+            out = subprocess.run(["curl", "-s", f"http://127.0.0.1:{server.http_port}/v1/embeddings", "-H",
+                                  "Content-Type: application/json", "-d", '{"input": "hello", "model": "m"}'],
+                                 capture_output=True, text=True, timeout=30, check=True).stdout
+            assert len(json.loads(out)["data"][0]["embedding"]) > 0
+        assert call(server.http_port, "/health") == (200, {"status": "SERVING"})
+        assert metric(server.metrics(), "bertzoo_requests_total", task="embed", code="OK") == 4
+        assert server.stop() == 0
+    assert "and HTTP port" in server.output
