@@ -3,7 +3,8 @@ the same sentences, side by side. On 2 shared cores whatever the client burns th
 much of the gap to the in-process ceiling that is (RESULTS.md: a few percent at most).
 
     python benchmarks/serve_h2load.py ARTIFACT --data ../shared/data/ids-sst-dev.csv [--variants int8 fp32] \
-        [--infinity VENV --infinity-models MODELS] [-- --instances 2]   # after --: flags for `bertzoo serve`
+        [--generators h2load h2load-http python] [--infinity VENV --infinity-models MODELS] [-- --instances 2]
+        # after --: flags for `bertzoo serve`; h2load-http: the same load over HTTP/1.1 (--http-port's routes)
 
 h2load sends one fixed body per process, so the load is --groups h2load processes, each with its own sentence (the
 SST dev sentences at evenly spaced quantiles of token length) and concurrency / groups connections of one stream each;
@@ -117,17 +118,32 @@ def grpc_bodies(task: str, sentences: list[str]) -> list[bytes]:
     return bodies
 
 
+def http_bodies(task: str, sentences: list[str]) -> tuple[str, list[bytes]]:
+    """The HTTP route and one JSON body per sentence: OpenAI's /v1/embeddings (the body infinity-emb gets) for
+    embed, the RPC's own route otherwise."""
+    if task == "embed":
+        return "/v1/embeddings", [json.dumps({"model": "bertzoo", "input": [s]}).encode() for s in sentences]
+    return f"/{task}", [json.dumps({"texts": [s]}).encode() for s in sentences]
+
+
 def serve_once(args: argparse.Namespace, variant: str, task: str, generator: str, sentences: list[str],
                repeated: list[str], workdir: Path) -> dict:
-    """A fresh server with ``variant``, loaded by ``generator`` (h2load or our Python client); every answer OK."""
-    port, metrics_port = free_port(), free_port()
-    process = start_bertzoo(args.artifact, port, *VARIANTS[variant][2], *args.serve_flags, metrics_port=metrics_port)
+    """A fresh server with ``variant``, loaded by ``generator`` (h2load over gRPC, h2load over HTTP/1.1, or our
+    Python gRPC client); every answer OK."""
+    port, metrics_port, http_port = free_port(), free_port(), free_port()
+    process = start_bertzoo(args.artifact, port, *VARIANTS[variant][2], *args.serve_flags, "--http-port",
+                            str(http_port), metrics_port=metrics_port)
     try:
         before = ok_answers(metrics_port, task)
         if generator == "h2load":
             summary = with_server_cores(process.pid, partial(
                 h2load, f"http://127.0.0.1:{port}/bertzoo.v1.Bertzoo/{RPC[task][0]}", grpc_bodies(task, sentences),
                 ["content-type: application/grpc", "te: trailers"], args.concurrency, args.seconds, workdir))
+        elif generator == "h2load-http":
+            route, bodies = http_bodies(task, sentences)
+            summary = with_server_cores(process.pid, partial(
+                h2load, f"http://127.0.0.1:{http_port}{route}", bodies, ["content-type: application/json"],
+                args.concurrency, args.seconds, workdir, http1=True))
         else:
             summary = measured_load(process.pid, lambda: closed_loop(port, task, repeated, args.concurrency,
                                                                      args.seconds))
@@ -164,6 +180,9 @@ def main() -> None:
     parser.add_argument("--data", required=True)
     parser.add_argument("--variants", nargs="+", default=["int8", "fp32"], choices=list(VARIANTS))
     parser.add_argument("--tasks", nargs="+", default=["sentiment", "embed"], choices=list(RPC))
+    parser.add_argument("--generators", nargs="+", default=["h2load", "h2load-http", "python"],
+                        choices=["h2load", "h2load-http", "python"],
+                        help="h2load over gRPC, h2load over HTTP/1.1 (--http-port's routes), our Python gRPC client")
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--seconds", type=int, default=15)
@@ -188,10 +207,10 @@ def main() -> None:
                 # as serve_speed.py: the best over the settings of ceiling.in_process_rates
                 ceiling = in_process_ceiling(args.artifact, variant, repeated, args.threads, (task,))[task]["ceiling"]
                 row = {"variant": variant, "task": task, "ceiling_per_s": ceiling}
-                for generator in ("h2load", "python"):
+                for generator in args.generators:
                     summary = serve_once(args, variant, task, generator, sentences, repeated, Path(tmp))
                     row[generator] = summary
-                    print(f"{variant:10} {task:9} {generator:6} {summary['items_per_s']:7.1f}/s = "
+                    print(f"{variant:10} {task:9} {generator:11} {summary['items_per_s']:7.1f}/s = "
                           f"{summary['items_per_s'] / ceiling:.2f} of the ceiling ({ceiling:.1f}/s); server "
                           f"{summary['server_cores']:.2f} cores, load generator {summary['load_generator_cores']:.2f}",
                           flush=True)

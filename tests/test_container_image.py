@@ -10,6 +10,7 @@ Outside CI the test skips where podman or the image is missing, naming the scrip
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -98,10 +99,11 @@ def test_cpu_image_serves_every_rpc_through_published_ports_and_drains_on_sigter
     _, artifact = tiny_artifact
     model = readable_copy(artifact, tmp_path / "model")
     name = f"bertzoo-test-{uuid.uuid4().hex[:10]}"
-    grpc_port, metrics_port = free_port(), free_port()
+    grpc_port, metrics_port, http_port = free_port(), free_port(), free_port()
     try:
         podman("run", "--detach", "--name", name,
                "--publish", f"127.0.0.1:{grpc_port}:50051", "--publish", f"127.0.0.1:{metrics_port}:9400",
+               "--publish", f"127.0.0.1:{http_port}:8000",
                "--volume", f"{model}:/models/bertzoo:ro",
                # Single-thread engine instances: the tests share 2 cores.
                "--env", "BERTZOO_THREADS=1", "--env", "BERTZOO_INSTANCES=1",
@@ -151,6 +153,13 @@ def test_cpu_image_serves_every_rpc_through_published_ports_and_drains_on_sigter
             for method, request in requests.items():
                 answers = list(client.stream(method, iter([request, request]), timeout=30))
                 assert [m.WhichOneof("result") for m in answers] == ["response"] * 2, (method, answers)
+
+        # The HTTP port: OpenAI's embeddings route answers as the Embed RPC did.
+        request = urllib.request.Request(f"http://127.0.0.1:{http_port}/v1/embeddings",
+                                         data=json.dumps({"input": ["one sentence"]}).encode())
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            embedded = json.loads(reply.read())
+        assert len(embedded["data"][0]["embedding"]) == info.embedding_dimensions
 
         metrics = metrics_text(metrics_port)
         assert "bertzoo_ready 1.0" in metrics

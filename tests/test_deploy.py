@@ -116,9 +116,11 @@ def test_the_healthcheck_command_parses_and_the_ports_are_the_servers():
         cli.commands[argv[0]].make_context(argv[0], argv[1:])  # raises on an unknown option or a bad value
         assert 'ENTRYPOINT ["bertzoo", "serve"]' in text and "USER 10001" in text
         assert f"BERTZOO_PORT={ServeConfig.port}" in text and f"BERTZOO_METRICS_PORT={ServeConfig.metrics_port}" in text
-        assert re.search(rf"EXPOSE {ServeConfig.port} {ServeConfig.metrics_port}\b", text)
+        assert f"BERTZOO_HTTP_PORT={ServeConfig.http_port}" in text
+        assert re.search(rf"EXPOSE {ServeConfig.port} {ServeConfig.metrics_port} {ServeConfig.http_port}\b", text)
     deployment = (DEPLOY / "k8s" / "deployment.yaml").read_text()
     assert f"containerPort: {ServeConfig.port}" in deployment and f"containerPort: {ServeConfig.metrics_port}" in deployment
+    assert f"containerPort: {ServeConfig.http_port}" in deployment
     assert f'prometheus.io/port: "{ServeConfig.metrics_port}"' in deployment
     prometheus = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
     assert prometheus["scrape_configs"][0]["dns_sd_configs"][0]["port"] == ServeConfig.metrics_port

@@ -1,7 +1,7 @@
 """The README's walk-through runs as written: train, predict, export, serve, client, metrics.
 
 The block after the `<!-- walkthrough -->` marker in README.md is run by bash, unchanged but for two things: the
-ports (the server's and the client's through their BERTZOO_* variables, the metrics port in the curl line), so the
+ports (the server's and the client's through their BERTZOO_* variables, the metrics and HTTP ports in the curl lines), so the
 test never meets a server already on the defaults; and a shorter dev evaluation at the end of training
 (BERTZOO_TRAIN_EVAL_LIMIT_PER_TASK). It runs in an empty directory where `.venv` is the environment running pytest,
 so `. .venv/bin/activate` means what it means on a fresh clone. Training is the real default run (the bundled
@@ -22,6 +22,7 @@ import pytest
 README = Path(__file__).resolve().parent.parent / "README.md"
 MARKER = "<!-- walkthrough"
 DEFAULT_METRICS = "localhost:9400"
+DEFAULT_HTTP = "localhost:8000"
 
 
 def walkthrough_block(text: str) -> str:
@@ -57,6 +58,7 @@ def test_walkthrough_is_in_the_readme_and_consistent():
         assert step in firsts, f"the walk-through has no `{' '.join(step)}`"
     assert any(c.startswith(". .venv/bin/activate") for c in cmds), "the walk-through does not activate .venv"
     assert any(c.startswith("curl") and DEFAULT_METRICS in c for c in cmds), "no metrics call on the default port"
+    assert any(c.startswith("curl") and f"{DEFAULT_HTTP}/v1/embeddings" in c for c in cmds), "no HTTP call"
     export = next(c for c in cmds if c.startswith("bertzoo export"))
     serve = next(c for c in cmds if c.startswith("bertzoo serve"))
     # What is exported is what is served: an int8 export is served with --variant int8.
@@ -69,14 +71,15 @@ def test_readme_walkthrough_runs(tmp_path):
     if not (venv / "bin" / "activate").exists():
         pytest.skip(f"pytest does not run from a virtual environment ({venv}): nothing for .venv to be")
     block = walkthrough_block(README.read_text())
-    port, metrics_port = free_port(), free_port()
-    assert DEFAULT_METRICS in block
-    block = block.replace(DEFAULT_METRICS, f"localhost:{metrics_port}")
+    port, metrics_port, http_port = free_port(), free_port(), free_port()
+    assert DEFAULT_METRICS in block and DEFAULT_HTTP in block
+    block = block.replace(DEFAULT_METRICS, f"localhost:{metrics_port}").replace(DEFAULT_HTTP, f"localhost:{http_port}")
     (tmp_path / ".venv").symlink_to(venv)
     script = ("set -euo pipefail\n"
               "trap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n" + block)
     env = dict(os.environ, BERTZOO_PORT=str(port), BERTZOO_TARGET=f"localhost:{port}",
-               BERTZOO_METRICS_PORT=str(metrics_port), BERTZOO_TRAIN_EVAL_LIMIT_PER_TASK="8",
+               BERTZOO_METRICS_PORT=str(metrics_port), BERTZOO_HTTP_PORT=str(http_port),
+               BERTZOO_TRAIN_EVAL_LIMIT_PER_TASK="8",
                BERTZOO_TRAIN_NO_PROGRESS="true")
     env.pop("VIRTUAL_ENV", None)
     proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -85,5 +88,6 @@ def test_readme_walkthrough_runs(tmp_path):
     assert proc.returncode == 0, out[-6000:]
     assert (tmp_path / "artifacts").is_dir() and (tmp_path / "runs").is_dir()
     assert '"label"' in proc.stdout, proc.stdout[-3000:]  # the client's answer
+    assert '{"object": "list", "data": [{"object": "embedding"' in proc.stdout, proc.stdout[-3000:]  # curl's
     assert re.search(r'bertzoo_requests_total\{code="OK",task="sentiment"\} [1-9]', proc.stdout), proc.stdout[-3000:]
     assert "ready: health SERVING" in out and "(int8)" in out  # it served the variant it exported
