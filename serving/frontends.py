@@ -1,11 +1,11 @@
 """``bertzoo serve --frontends N`` with N > 1: N front-end processes in front of one engine process, and this parent
-process, which starts them, holds the port, serves ``/metrics`` and stops them in order.
+process, which starts them, holds the ports (gRPC's and HTTP's), serves ``/metrics`` and stops them in order.
 
 ::
 
-    clients ──gRPC──> front end 1 ─┐   (gRPC, validation, limits, tokenization, post-processing, request metrics)
-            ──gRPC──> front end 2 ─┼─ZeroMQ hops─> engine process (batchers, lanes, engine instances)
-            ──gRPC──> front end N ─┘                    │
+    clients ──gRPC, HTTP──> front end 1 ─┐   (gRPC, HTTP, validation, limits, tokenization, post-processing, metrics)
+            ──gRPC, HTTP──> front end 2 ─┼─ZeroMQ hops─> engine process (batchers, lanes, engine instances)
+            ──gRPC, HTTP──> front end N ─┘                    │
     Prometheus ──> parent's /metrics <── every process's series (prometheus_client multiprocess mode)
 
 Why processes: one Python event loop tops out far below a GPU's engine (benchmarks/RESULTS.md, "Serving on GPU"), and
