@@ -224,3 +224,24 @@ def score_qa(spans: dict[str, SpanPrediction], examples: Sequence[QAExample], nu
             metrics["HasAns_f1_answering_all"] = squad_metrics(forced, answerable)["f1"]
     metrics["no_answer_baseline_f1"] = 100.0 * float(np.mean([e.is_impossible for e in examples])) if examples else 0.0
     return metrics
+
+
+# The tasks whose items carry a second text: a pair's second sentence, or a QA item's context.
+SECOND_TEXT_TASKS = ("paraphrase", "similarity", "qa")
+
+
+def text_rows(task_column: Sequence[str], texts_a: Sequence[str], texts_b: Sequence[str] | None,
+              tasks: Sequence[str]) -> list[tuple[str, str, str | None]]:
+    """Rows of (task, text_a, text_b) from the three columns of the text-in model (the Triton repository's ``bertzoo``
+    model and the server's KServe v2 route): TASK once for every row, or once per row; TEXT_B for the tasks that take
+    a second text. ValueError names the input that is wrong."""
+    if len(task_column) not in (1, len(texts_a)):
+        raise ValueError(f"TASK has {len(task_column)} rows and TEXT_A {len(texts_a)}: send one TASK per row")
+    column = list(task_column) * len(texts_a) if len(task_column) == 1 else list(task_column)
+    for task in set(column):
+        if task not in tasks:
+            raise ValueError(f"TASK {task!r}: this model serves {', '.join(tasks)}")
+        if task in SECOND_TEXT_TASKS and (texts_b is None or len(texts_b) != len(texts_a)):
+            raise ValueError(f"TASK {task} needs TEXT_B with one entry per TEXT_A entry")
+    seconds = list(texts_b) if texts_b is not None and len(texts_b) == len(texts_a) else [None] * len(texts_a)
+    return list(zip(column, texts_a, seconds, strict=True))

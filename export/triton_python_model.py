@@ -39,7 +39,6 @@ from bertzoo.data import PairExample, QAExample, SentenceExample
 from bertzoo.tokenization import Tokenizer
 
 SETTINGS = "bertzoo.json"  # written beside this file: tasks, labels, limits, pooling, graph input and output names
-PAIRED = (*pipeline.PAIR_TASKS, "qa")  # the tasks whose items carry a TEXT_B
 
 
 class BLSBackend:
@@ -76,18 +75,7 @@ def _texts(request, name: str) -> list[str] | None:
 
 def read_rows(request, tasks: tuple[str, ...]) -> list[tuple[str, str, str | None]]:
     """A request's rows as (task, text_a, text_b); ValueError names the input that is wrong."""
-    task_column, texts_a, texts_b = _texts(request, "TASK") or [], _texts(request, "TEXT_A") or [], _texts(request, "TEXT_B")
-    if len(task_column) not in (1, len(texts_a)):
-        raise ValueError(f"TASK has {len(task_column)} rows and TEXT_A {len(texts_a)}: send one TASK per row")
-    if len(task_column) == 1:
-        task_column = task_column * len(texts_a)
-    for task in set(task_column):
-        if task not in tasks:
-            raise ValueError(f"TASK {task!r}: this model serves {', '.join(tasks)}")
-        if task in PAIRED and (texts_b is None or len(texts_b) != len(texts_a)):
-            raise ValueError(f"TASK {task} needs TEXT_B with one entry per TEXT_A entry")
-    texts_b = texts_b if texts_b is not None and len(texts_b) == len(texts_a) else [None] * len(texts_a)
-    return list(zip(task_column, texts_a, texts_b, strict=True))
+    return T.text_rows(_texts(request, "TASK") or [], _texts(request, "TEXT_A") or [], _texts(request, "TEXT_B"), tasks)
 
 
 def answer(backend, tokenizer: Tokenizer, settings: dict, task: str, texts_a: list[str],
@@ -139,7 +127,7 @@ class TritonPythonModel:
 
     def _answer(self, task: str, rows: list[tuple[str, str, str | None]]) -> list[dict]:
         return answer(self.backend, self.tokenizer, self.settings, task, [a for _, a, _ in rows],
-                      [b for _, _, b in rows] if task in PAIRED else None)
+                      [b for _, _, b in rows] if task in T.SECOND_TEXT_TASKS else None)
 
     def execute(self, requests: list) -> list:
         """One response per request. The rows of all requests are grouped by task and each task's rows answered as

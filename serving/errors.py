@@ -50,3 +50,9 @@ class BackendFailure(ServingError):
 
     code = "INTERNAL"
     reason = "backend"
+
+
+# The HTTP status of each gRPC status code, for the HTTP routes (serving/http_server.py, serving/kserve.py): as
+# grpc-gateway maps them, and 499 for a request its client gave up on.
+HTTP_STATUS = {"INVALID_ARGUMENT": 400, "UNAUTHENTICATED": 401, "NOT_FOUND": 404, "RESOURCE_EXHAUSTED": 429,
+               "CANCELLED": 499, "INTERNAL": 500, "UNAVAILABLE": 503, "DEADLINE_EXCEEDED": 504}

@@ -9,7 +9,8 @@ Routes:
 - ``POST /sentiment``, ``/paraphrase``, ``/similarity``, ``/qa``, ``/embed``: each RPC's request and answer as JSON
   (protobuf's JSON mapping with the .proto's field names: what ``bertzoo client`` prints);
 - ``GET /health``: 200 while the server is SERVING (after warm-up, not while draining), 503 otherwise;
-  ``GET /info``: ModelInfo as JSON.
+  ``GET /info``: ModelInfo as JSON;
+- ``/v2/...``: the KServe v2 protocol for Triton's and KServe's clients (serving/kserve.py).
 
 A failure answers with the HTTP status of its gRPC code and one line naming the field or limit: under ``/v1`` as
 OpenAI's error object, elsewhere ``{"error": message, "code": GRPC_CODE}``. With ``--auth-token`` every route but
@@ -31,16 +32,15 @@ from aiohttp import web
 from google.protobuf import json_format
 
 from .config import ServeConfig
-from .errors import InvalidRequest, ServingError
+from .errors import HTTP_STATUS, InvalidRequest, ServingError
+from .kserve import KServeRoutes
 from .metrics import Metrics
 from .proto import pb2
-from .servicer import BertzooServicer, Failure
+from .servicer import BertzooServicer, Failure, NoDeadline
 from .tasks_service import TaskService
 
 log = logging.getLogger("bertzoo.serving")
 
-HTTP_STATUS = {"INVALID_ARGUMENT": 400, "UNAUTHENTICATED": 401, "NOT_FOUND": 404, "RESOURCE_EXHAUSTED": 429,
-               "CANCELLED": 499, "INTERNAL": 500, "UNAVAILABLE": 503, "DEADLINE_EXCEEDED": 504}
 # OpenAI's error types for each status (its API reference's error codes).
 OPENAI_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                       413: "invalid_request_error", 429: "rate_limit_error", 503: "server_error", 504: "server_error"}
@@ -48,15 +48,7 @@ OPENAI_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
 TASK_ROUTES = {"sentiment": (pb2.SentimentRequest, "_sentiment"), "paraphrase": (pb2.ParaphraseRequest, "_paraphrase"),
                "similarity": (pb2.SimilarityRequest, "_similarity"), "qa": (pb2.QARequest, "_qa"),
                "embed": (pb2.EmbedRequest, "_embed")}
-OPEN_PATHS = ("/health",)
-
-
-class _NoDeadline:
-    """What the servicer asks a call's context: HTTP requests carry no deadline."""
-
-    @staticmethod
-    def time_remaining() -> None:
-        return None
+OPEN_PATHS = ("/health", "/v2/health/live", "/v2/health/ready")
 
 
 def error_response(path: str, status: int, message: str, code: str) -> web.Response:
@@ -85,6 +77,7 @@ class HttpRoutes:
             app.router.add_post(f"/{task}", self.task)
         app.router.add_get("/health", self.health)
         app.router.add_get("/info", self.info)
+        KServeRoutes(self._servicer, self._service, self._serving).add_to(app)
         return app
 
     @web.middleware
@@ -119,7 +112,7 @@ class HttpRoutes:
 
     async def _answer(self, request: web.Request, task: str, answer) -> web.Response | object:
         """The servicer's answer for one request (metrics recorded there), or the error response."""
-        result = await self._servicer.serve_one(task, _NoDeadline(), answer)
+        result = await self._servicer.serve_one(task, NoDeadline(), answer)
         if isinstance(result, Failure):
             return error_response(request.path, HTTP_STATUS.get(result.code, 500), result.message, result.code)
         return result

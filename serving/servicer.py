@@ -41,6 +41,14 @@ DRAINING_MESSAGE = ("this replica is shutting down: the requests answered on thi
                     "again, on a new stream (to another replica)")
 
 
+class NoDeadline:
+    """The call context :meth:`BertzooServicer.serve_one` gets for a request without a deadline (an HTTP request)."""
+
+    @staticmethod
+    def time_remaining() -> None:
+        return None
+
+
 @dataclass(frozen=True)
 class Failure:
     """A request's failure: the status code's name (``grpc.StatusCode``) and the message the client gets."""

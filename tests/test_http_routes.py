@@ -157,3 +157,42 @@ def test_front_ends_serve_http_and_curl_reaches_it(tiny_artifact):
         assert metric(server.metrics(), "bertzoo_requests_total", task="embed", code="OK") == 4
         assert server.stop() == 0
     assert "and HTTP port" in server.output
+
+
+def test_triton_http_client_reads_health_metadata_and_answers(http_server):
+    """The KServe v2 routes with Triton's own HTTP client, unchanged: health, metadata, and infer with its binary
+    tensors (its default) and with JSON data, each task's answer the RPC's."""
+    httpclient = pytest.importorskip("tritonclient.http")
+    running, port = http_server
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("bertzoo")
+    metadata = client.get_model_metadata("bertzoo")
+    assert [i["name"] for i in metadata["inputs"]] == ["TASK", "TEXT_A", "TEXT_B"]
+    assert client.get_server_metadata()["name"] == "bertzoo"
+
+    def infer(task: str, texts_a: list[str], texts_b: list[str] | None, binary: bool) -> list[dict]:
+        columns = {"TASK": [task], "TEXT_A": texts_a, **({"TEXT_B": texts_b} if texts_b else {})}
+        inputs = []
+        for name, values in columns.items():
+            tensor = httpclient.InferInput(name, [len(values), 1], "BYTES")
+            tensor.set_data_from_numpy(np.array(values, dtype=np.object_).reshape(-1, 1), binary_data=binary)
+            inputs.append(tensor)
+        result = client.infer("bertzoo", inputs, outputs=[httpclient.InferRequestedOutput("ANSWER", binary_data=binary)])
+        return [json.loads(x) for x in result.as_numpy("ANSWER").reshape(-1)]
+
+    with BertzooClient(f"127.0.0.1:{running.port}") as grpc_client:
+        sentiment, pairs = grpc_client.sentiment(TEXTS), grpc_client.similarity(PAIRS)
+        embedded = grpc_client.embed(TEXTS[:1])
+    for binary in (True, False):
+        assert [a["label"] for a in infer("sentiment", TEXTS, None, binary)] == [r.label for r in sentiment.results]
+        np.testing.assert_allclose([a["score"] for a in infer("similarity", [a for a, _ in PAIRS], [b for _, b in PAIRS],
+                                                              binary)], [r.score for r in pairs.results], atol=1e-6)
+        np.testing.assert_allclose(infer("embed", TEXTS[:1], None, binary)[0]["values"],
+                                   embedded.embeddings[0].values, atol=1e-6)
+    with pytest.raises(Exception, match="TEXT_B"):  # a pair task without its second texts: one clear error
+        infer("paraphrase", TEXTS, None, True)
+    status, answer = call(port, "/v2/models/other/infer", {"inputs": []})
+    assert status == 404 and "bertzoo" in answer["error"]
+    status, answer = call(port, "/v2/models/bertzoo/infer", {"inputs": [{"name": "TEXT_A", "datatype": "FP32",
+                                                                         "shape": [1], "data": [1.0]}]})
+    assert status == 400 and "BYTES" in answer["error"]
