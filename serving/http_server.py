@@ -100,6 +100,9 @@ class HttpRoutes:
             message = (f"the request body is over {self._config.message_limit} bytes (--max-message-bytes)"
                        if e.status == 413 else f"{e.reason}: {request.method} {request.path}")
             return error_response(request.path, e.status, message, code)
+        except Exception:  # a bug: logged here, and the client gets one line, not aiohttp's page
+            log.exception("HTTP %s %s: unexpected error", request.method, request.path)
+            return error_response(request.path, 500, "internal server error (details in the server log)", "INTERNAL")
 
     async def _body(self, request: web.Request) -> dict:
         try:

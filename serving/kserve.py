@@ -54,6 +54,11 @@ def encode_bytes_tensor(values: list[bytes]) -> bytes:
     return b"".join(struct.pack("<I", len(v)) + v for v in values)
 
 
+def _parameters(tensor: dict) -> dict:
+    parameters = tensor.get("parameters")
+    return parameters if isinstance(parameters, dict) else {}
+
+
 def _flat(data: object) -> list:
     return [x for item in data for x in _flat(item)] if isinstance(data, list) else [data]
 
@@ -76,7 +81,7 @@ async def read_inputs(request: web.Request) -> tuple[dict[str, list[str]], dict]
             raise InvalidRequest(f"input {name!r}: this model takes {', '.join(INPUTS)}")
         if tensor.get("datatype") != "BYTES":
             raise InvalidRequest(f"input {name}: datatype must be BYTES, got {tensor.get('datatype')!r}")
-        size = (tensor.get("parameters") or {}).get("binary_data_size")
+        size = _parameters(tensor).get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or size < 0 or size > len(binary):
                 raise InvalidRequest(f"input {name}: binary_data_size {size!r} is past the request's binary data")
@@ -173,8 +178,9 @@ class KServeRoutes:
     @staticmethod
     def _answer(header: dict, answers: list[bytes]) -> web.Response:
         """ANSWER as JSON data, or in the binary extension where the request asked for it (tritonclient's default)."""
-        asked = {o.get("name"): o for o in header.get("outputs") or [] if isinstance(o, dict)}
-        binary = bool(((asked.get("ANSWER") or {}).get("parameters") or {}).get("binary_data"))
+        outputs = header.get("outputs") if isinstance(header.get("outputs"), list) else []
+        asked = {o.get("name"): o for o in outputs if isinstance(o, dict)}
+        binary = bool(_parameters(asked.get("ANSWER") or {}).get("binary_data"))
         output = {"name": "ANSWER", "datatype": "BYTES", "shape": [len(answers), 1]}
         response = {"model_name": MODEL, "model_version": "1", **({"id": header["id"]} if "id" in header else {})}
         if not binary:

@@ -11,6 +11,8 @@ import urllib.request
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from bertzoo.serving.client import BertzooClient
 from bertzoo.serving.grpc_server import ServerThread
@@ -196,3 +198,28 @@ def test_triton_http_client_reads_health_metadata_and_answers(http_server):
     status, answer = call(port, "/v2/models/bertzoo/infer", {"inputs": [{"name": "TEXT_A", "datatype": "FP32",
                                                                          "shape": [1], "data": [1.0]}]})
     assert status == 400 and "BYTES" in answer["error"]
+
+
+JSON_VALUES = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
+                                     st.text(max_size=40)),
+                           lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                   st.dictionaries(st.text(max_size=10), inner, max_size=4)),
+                           max_leaves=12)
+ROUTE_FIELDS = {"/sentiment": "texts", "/embed": "texts", "/paraphrase": "pairs", "/similarity": "pairs", "/qa": "items",
+                "/v1/embeddings": "input", "/v2/models/bertzoo/infer": "inputs"}
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(route=st.sampled_from(sorted(ROUTE_FIELDS)), value=JSON_VALUES, raw=st.one_of(st.none(), st.binary(max_size=200)))
+def test_fuzzed_http_bodies_get_an_answer_or_a_client_error_and_never_hurt_the_server(http_server, caplog, route,
+                                                                                        value, raw):
+    """Random JSON under each route's own field (and random bytes): 200 or a 4xx with a JSON error, never a 5xx or a
+    traceback in the log."""
+    _, port = http_server
+    body = raw if raw is not None else json.dumps({ROUTE_FIELDS[route]: value}).encode()
+    caplog.set_level("WARNING", logger="bertzoo.serving")
+    status, answer = call(port, route, raw=body, headers={"Content-Type": "application/json"})
+    assert status == 200 or (400 <= status < 500 and "error" in answer), (status, answer)
+    assert "Traceback" not in caplog.text and "unexpected error" not in caplog.text
+    assert call(port, "/health") == (200, {"status": "SERVING"})
