@@ -35,8 +35,7 @@ from .config import ServeConfig
 from .errors import HTTP_STATUS, InvalidRequest, ServingError
 from .kserve import KServeRoutes
 from .metrics import Metrics
-from .proto import pb2
-from .servicer import BertzooServicer, Failure, NoDeadline
+from .servicer import REQUEST_TYPES, BertzooServicer, Failure, NoDeadline
 from .tasks_service import TaskService
 
 log = logging.getLogger("bertzoo.serving")
@@ -44,10 +43,6 @@ log = logging.getLogger("bertzoo.serving")
 # OpenAI's error types for each status (its API reference's error codes).
 OPENAI_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                       413: "invalid_request_error", 429: "rate_limit_error", 503: "server_error", 504: "server_error"}
-# Each task route: its RPC's request message and the servicer's answer for it (the unary RPC's).
-TASK_ROUTES = {"sentiment": (pb2.SentimentRequest, "_sentiment"), "paraphrase": (pb2.ParaphraseRequest, "_paraphrase"),
-               "similarity": (pb2.SimilarityRequest, "_similarity"), "qa": (pb2.QARequest, "_qa"),
-               "embed": (pb2.EmbedRequest, "_embed")}
 OPEN_PATHS = ("/health", "/v2/health/live", "/v2/health/ready")
 
 
@@ -73,7 +68,7 @@ class HttpRoutes:
         app = web.Application(client_max_size=self._config.message_limit, middlewares=[self._guard])
         app.router.add_post("/v1/embeddings", self.openai_embeddings)
         app.router.add_get("/v1/models", self.openai_models)
-        for task in TASK_ROUTES:
+        for task in REQUEST_TYPES:
             app.router.add_post(f"/{task}", self.task)
         app.router.add_get("/health", self.health)
         app.router.add_get("/info", self.info)
@@ -122,12 +117,11 @@ class HttpRoutes:
 
     async def task(self, request: web.Request) -> web.Response:
         task = request.path.strip("/")
-        message_type, answer_for = TASK_ROUTES[task]
         try:
-            message = json_format.ParseDict(await self._body(request), message_type())
+            message = json_format.ParseDict(await self._body(request), REQUEST_TYPES[task]())
         except (ServingError, json_format.ParseError) as e:
             return self._refused(request, task, e)
-        result = await self._answer(request, task, getattr(self._servicer, answer_for)(message))
+        result = await self._answer(request, task, self._servicer.answer(task, message))
         if isinstance(result, web.Response):
             return result
         return web.json_response(json_format.MessageToDict(result, preserving_proto_field_name=True,

@@ -24,7 +24,7 @@ from bertzoo import tasks as T
 
 from .errors import HTTP_STATUS, InvalidRequest
 from .proto import pb2
-from .servicer import BertzooServicer, Failure, NoDeadline
+from .servicer import REQUEST_TYPES, BertzooServicer, Failure, NoDeadline
 from .tasks_service import TaskService
 
 MODEL = "bertzoo"
@@ -96,7 +96,7 @@ async def read_inputs(request: web.Request) -> tuple[dict[str, list[str]], dict]
     return inputs, header
 
 
-def _item(task: str, result) -> dict:
+def _item(result) -> dict:
     return json_format.MessageToDict(result, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
 
 
@@ -161,19 +161,18 @@ class KServeRoutes:
                 return _error(HTTP_STATUS.get(result.code, 500), result.message)
             items = result.embeddings if task == "embed" else result.results
             for i, item in zip(members, items, strict=True):
-                answers[i] = _item(task, item)
+                answers[i] = _item(item)
         return self._answer(header, [json.dumps(a).encode() for a in answers])
 
     def _answer_for(self, task: str, rows: list[tuple[str, str, str | None]]):
         texts = [a for _, a, _ in rows]
         if task in ("sentiment", "embed"):
-            message = (pb2.SentimentRequest if task == "sentiment" else pb2.EmbedRequest)(texts=texts)
-            return getattr(self._servicer, f"_{task}")(message)
-        if task == "qa":
-            return self._servicer._qa(pb2.QARequest(items=[pb2.QAItem(question=a, context=b) for _, a, b in rows]))
-        pairs = [pb2.TextPair(text_a=a, text_b=b) for _, a, b in rows]
-        request = (pb2.ParaphraseRequest if task == "paraphrase" else pb2.SimilarityRequest)(pairs=pairs)
-        return getattr(self._servicer, f"_{task}")(request)
+            request = REQUEST_TYPES[task](texts=texts)
+        elif task == "qa":
+            request = pb2.QARequest(items=[pb2.QAItem(question=a, context=b) for _, a, b in rows])
+        else:
+            request = REQUEST_TYPES[task](pairs=[pb2.TextPair(text_a=a, text_b=b) for _, a, b in rows])
+        return self._servicer.answer(task, request)
 
     @staticmethod
     def _answer(header: dict, answers: list[bytes]) -> web.Response:

@@ -37,6 +37,9 @@ Answer = Callable[[TaskService, float | None], Awaitable[Response]]
 # passes cancels the call while the server still sees up to the transit time (milliseconds, more under load) left.
 # A cancellation that close to the deadline is the deadline.
 DEADLINE_SKEW_SECONDS = 0.1
+# Each task's request message (the HTTP routes parse their JSON into it).
+REQUEST_TYPES = {"sentiment": pb2.SentimentRequest, "paraphrase": pb2.ParaphraseRequest,
+                 "similarity": pb2.SimilarityRequest, "qa": pb2.QARequest, "embed": pb2.EmbedRequest}
 DRAINING_MESSAGE = ("this replica is shutting down: the requests answered on this stream are done; send the rest "
                     "again, on a new stream (to another replica)")
 
@@ -204,6 +207,12 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
                     left.cancel()
 
     # ------------------------------------------------------------------ each RPC's answer, unary and streaming
+
+    def answer(self, task: str, request) -> Answer:
+        """``task``'s unary answer to ``request`` (a REQUEST_TYPES message), for :meth:`serve_one`: the HTTP routes'."""
+        answers = {"sentiment": self._sentiment, "paraphrase": self._paraphrase, "similarity": self._similarity,
+                   "qa": self._qa, "embed": self._embed}
+        return answers[task](request)
 
     def _sentiment(self, request: pb2.SentimentRequest) -> Answer[pb2.SentimentResponse]:
         async def answer(service: TaskService, timeout: float | None) -> pb2.SentimentResponse:
