@@ -298,10 +298,10 @@ def client_command(task: str, texts: tuple[str, ...], connection: dict, timeout:
     cannot be reached (or the deadline passed); 3 when the health RPC failed; 4 for any other status (NOT_SERVING while
     loading or draining, SERVICE_UNKNOWN); 5 for a TLS or authorization failure. The reason goes to stderr."""
     import grpc
-    from google.protobuf.json_format import MessageToDict
 
     from bertzoo.serving.client import BertzooClient
     from bertzoo.serving.health_probe import HEALTH_SERVING, wait_for_health
+    from bertzoo.serving.proto import answer_fields
 
     if task == "health":
         if wait < 0:
@@ -332,7 +332,7 @@ def client_command(task: str, texts: tuple[str, ...], connection: dict, timeout:
             response = calls[task]()
         except grpc.RpcError as e:
             raise click.ClickException(_rpc_error_line(e, connection["target"])) from e
-    shown = MessageToDict(response, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    shown = answer_fields(response)
     click.echo(json.dumps(shown, indent=2, ensure_ascii=False))
 
 

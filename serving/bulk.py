@@ -7,18 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from google.protobuf.json_format import MessageToDict
-
 from .client import BertzooClient
 from .load import TASK_METHODS, request_for
+from .proto import answer_fields
 
 
 def _result(task: str, response) -> dict:
     """The one result of a one-input response, as JSON fields."""
     if task == "embed":
         return {"embedding": list(response.embeddings[0].values)}
-    return MessageToDict(response.results[0], preserving_proto_field_name=True,
-                         always_print_fields_with_no_presence=True)
+    return answer_fields(response.results[0])
 
 
 def answer_inputs(client: BertzooClient, task: str, items: Sequence, timeout: float | None = None) -> Iterator[dict]:

@@ -35,6 +35,7 @@ from .config import ServeConfig
 from .errors import HTTP_STATUS, InvalidRequest, ServingError
 from .kserve import KServeRoutes
 from .metrics import Metrics
+from .proto import answer_fields
 from .servicer import REQUEST_TYPES, BertzooServicer, Failure, NoDeadline
 from .tasks_service import TaskService
 
@@ -115,17 +116,18 @@ class HttpRoutes:
             return error_response(request.path, HTTP_STATUS.get(result.code, 500), result.message, result.code)
         return result
 
+    async def _message_answer(self, request: web.Request, task: str, answer) -> web.Response:
+        """An answer that is a response message, as its JSON fields (or the error response)."""
+        result = await self._answer(request, task, answer)
+        return result if isinstance(result, web.Response) else web.json_response(answer_fields(result))
+
     async def task(self, request: web.Request) -> web.Response:
         task = request.path.strip("/")
         try:
             message = json_format.ParseDict(await self._body(request), REQUEST_TYPES[task]())
         except (ServingError, json_format.ParseError) as e:
             return self._refused(request, task, e)
-        result = await self._answer(request, task, self._servicer.answer(task, message))
-        if isinstance(result, web.Response):
-            return result
-        return web.json_response(json_format.MessageToDict(result, preserving_proto_field_name=True,
-                                                           always_print_fields_with_no_presence=True))
+        return await self._message_answer(request, task, self._servicer.answer(task, message))
 
     def _refused(self, request: web.Request, task: str, error: Exception) -> web.Response:
         """A body that never reached the servicer: counted as the servicer counts a malformed message."""
@@ -178,11 +180,7 @@ class HttpRoutes:
         return web.json_response({"status": "SERVING" if serving else "NOT_SERVING"}, status=200 if serving else 503)
 
     async def info(self, request: web.Request) -> web.Response:
-        result = await self._answer(request, "model_info", self._servicer.model_info_answer())
-        if isinstance(result, web.Response):
-            return result
-        return web.json_response(json_format.MessageToDict(result, preserving_proto_field_name=True,
-                                                           always_print_fields_with_no_presence=True))
+        return await self._message_answer(request, "model_info", self._servicer.model_info_answer())
 
 
 class HttpServer:

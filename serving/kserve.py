@@ -18,12 +18,11 @@ import struct
 from collections.abc import Callable
 
 from aiohttp import web
-from google.protobuf import json_format
 
 from bertzoo import tasks as T
 
 from .errors import HTTP_STATUS, InvalidRequest
-from .proto import pb2
+from .proto import answer_fields, pb2
 from .servicer import REQUEST_TYPES, BertzooServicer, Failure, NoDeadline
 from .tasks_service import TaskService
 
@@ -96,10 +95,6 @@ async def read_inputs(request: web.Request) -> tuple[dict[str, list[str]], dict]
     return inputs, header
 
 
-def _item(result) -> dict:
-    return json_format.MessageToDict(result, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-
-
 class KServeRoutes:
     def __init__(self, servicer: BertzooServicer, service: Callable[[], TaskService | None],
                  serving: Callable[[], bool]) -> None:
@@ -161,7 +156,7 @@ class KServeRoutes:
                 return _error(HTTP_STATUS.get(result.code, 500), result.message)
             items = result.embeddings if task == "embed" else result.results
             for i, item in zip(members, items, strict=True):
-                answers[i] = _item(item)
+                answers[i] = answer_fields(item)
         return self._answer(header, [json.dumps(a).encode() for a in answers])
 
     def _answer_for(self, task: str, rows: list[tuple[str, str, str | None]]):

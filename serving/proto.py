@@ -17,4 +17,13 @@ except ImportError as e:  # pragma: no cover - depends on how the package was in
 
 SERVICE_NAME: str = pb2.DESCRIPTOR.services_by_name["Bertzoo"].full_name  # "bertzoo.v1.Bertzoo"
 
-__all__ = ["SERVICE_NAME", "pb2", "pb2_grpc"]
+
+def answer_fields(message) -> dict:
+    """A message as JSON fields with the .proto's field names, zeros and empty fields included: the one answer schema
+    `bertzoo client` prints, the HTTP routes answer and the KServe route's ANSWER rows hold."""
+    from google.protobuf.json_format import MessageToDict
+
+    return MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+
+
+__all__ = ["SERVICE_NAME", "answer_fields", "pb2", "pb2_grpc"]
