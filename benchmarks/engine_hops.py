@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import zmq
-from processes import stat_cpu_seconds
+from processes import stat_cpu_seconds, thread_cpu_seconds
 from serve_frontends import build_probe
 from timing import machine
 
@@ -94,6 +94,7 @@ def drive(sockets: list[zmq.Socket], tokenizer: Tokenizer, sentences: list[str],
     answered, in_flight = 0, window
     stat = Path(f"/proc/{engine_pid}/stat")
     cpu_before, driver_before = stat_cpu_seconds(stat), time.process_time()
+    threads_before = thread_cpu_seconds(engine_pid)
     started = time.perf_counter()
     ends = started + seconds
     while in_flight:
@@ -117,9 +118,17 @@ def drive(sockets: list[zmq.Socket], tokenizer: Tokenizer, sentences: list[str],
                             in_flight += 1
     elapsed = time.perf_counter() - started
     cpu, driver = stat_cpu_seconds(stat) - cpu_before, time.process_time() - driver_before
+    by_role = dict.fromkeys(("loop", "workers", "zeromq"), 0.0)
+    for tid, (name, seconds) in thread_cpu_seconds(engine_pid).items():
+        role = "loop" if tid == engine_pid else "zeromq" if name.startswith("ZMQbg") else "workers"
+        by_role[role] += seconds - threads_before.get(tid, (name, 0.0))[1]
     # The driver busy near all the time means it, not the engine, set the rate.
     return {"requests": answered, "seconds": round(elapsed, 3), "requests_per_s": round(answered / elapsed, 1),
             "engine_cpu_ms_per_request": round(1000 * cpu / answered, 4),
+            # The event loop's thread (the protocol, queueing, answering), the model's worker threads (padding, the
+            # model, heads, post-processing) and ZeroMQ's I/O thread, ms per request each.
+            "engine_cpu_ms_per_request_by_thread": {role: round(1000 * seconds / answered, 4)
+                                                    for role, seconds in by_role.items()},
             "engine_cores_busy": round(cpu / elapsed, 3), "driver_cores_busy": round(driver / elapsed, 3)}
 
 
@@ -176,7 +185,10 @@ def main() -> None:
                         results["rows"].append(row)
                         print(f"round {row['round']} peers {peers:2d} per hop {per_hop:3d}: "
                               f"{row['requests_per_s']:9.1f} requests/s, engine CPU "
-                              f"{row['engine_cpu_ms_per_request']:.4f} ms per request; cores busy: engine "
+                              f"{row['engine_cpu_ms_per_request']:.4f} ms per request ("
+                              + ", ".join(f"{role} {ms:.4f}" for role, ms in
+                                          row["engine_cpu_ms_per_request_by_thread"].items())
+                              + "); cores busy: engine "
                               f"{row['engine_cores_busy']:.2f}, driver {row['driver_cores_busy']:.2f}", flush=True)
         finally:
             for socket in sockets:

@@ -25,8 +25,8 @@ e.g. a QA item whose context makes 40 windows), whose worker runs at the lowest 
 (:func:`model_worker`), so a one-sentence request never waits behind a long one's compute: the operating
 system hands the cores to the main lane whenever it has work and to the long lane the rest of the time. A long QA
 request's windows are separate items (``engine.split_windows``), run a few per batch, so a cancelled request or one
-past its deadline stops between batches. Cancelled requests (their future is cancelled when
-the RPC is) leave the queue at once, and a request whose deadline has passed is dropped when its turn comes: neither
+past its deadline stops between batches. Cancelled requests (``cancel``, which an RPC's cancelled
+future calls) leave the queue at once, and a request whose deadline has passed is dropped when its turn comes: neither
 reaches the model. A request finds the queue full (``max_queue`` requests waiting) -> :class:`QueueFull` at once.
 A backend error fails the requests in that batch only.
 """
@@ -40,11 +40,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .config import BatchSettings
 from .engine import Work, prepare_inputs
 from .errors import BackendFailure, DeadlineExceeded, QueueFull, Unavailable
+from .job import Job, awaitable_job
 from .metrics import Metrics
 from .workers import model_worker
 
@@ -56,33 +57,16 @@ BatchRunner = Callable[[Sequence[Work], dict], list]
 Instance = tuple[BatchRunner, ThreadPoolExecutor]
 
 
-@dataclass(eq=False)
-class Job:
-    """One request's items on their way through the batcher; ``future`` resolves to one output per item."""
-
-    works: Sequence[Work]
-    deadline: float | None  # event-loop time
-    future: asyncio.Future
-    submitted: float = field(default_factory=time.perf_counter)
-    first_start: float | None = None  # when the first batch carrying this job started on the worker
-    last_end: float | None = None
-    outputs: list = field(default_factory=list)
-    remaining: int = 0  # items without an output yet
-    queued: int = 0  # items still in the queue
-    buckets: set[int] = field(default_factory=set)
-
-
-@dataclass(eq=False)
 class _Item:
-    job: Job
-    index: int  # position in job.works
-    bucket: int
-    order: int  # arrival order: the oldest item picks the next batch's bucket
-    enqueued: float  # event-loop time, for the queue delay
+    __slots__ = ("job", "index", "bucket", "order", "enqueued", "rows")
 
-    @property
-    def rows(self) -> int:
-        return len(self.job.works[self.index].rows)
+    def __init__(self, job: Job, index: int, bucket: int, order: int, enqueued: float, rows: int) -> None:
+        self.job = job
+        self.index = index  # position in job.works
+        self.bucket = bucket
+        self.order = order  # arrival order: the oldest item picks the next batch's bucket
+        self.enqueued = enqueued  # event-loop time, for the queue delay
+        self.rows = rows
 
 
 @dataclass
@@ -154,10 +138,9 @@ class Batcher:
         except asyncio.TimeoutError:
             log.warning("batcher (%s lane): %d requests still queued at shutdown; failing them", self.lane,
                         self._waiting_jobs)
-        for queue in self._queues.values():
-            for item in queue:
-                if not item.job.future.done():
-                    item.job.future.set_exception(Unavailable("the server shut down", reason="shutdown"))
+        waiting = dict.fromkeys(item.job for queue in self._queues.values() for item in queue)
+        for job in waiting:
+            self._settle(job, Unavailable("the server shut down", reason="shutdown"))
         while self._staged:
             self._fail(self._staged.popleft(), Unavailable("the server shut down", reason="shutdown"))
         self._scheduler.cancel()
@@ -193,29 +176,54 @@ class Batcher:
         """Queue a request's items; await ``job.future`` for their outputs. ``timeout``: seconds the client still
         waits (its deadline), after which the request is dropped instead of run."""
         self.check_room()
-        if not works:
-            raise ValueError("a request needs at least one item")
         loop = self._running_loop()
-        job = Job(works, None if timeout is None else loop.time() + timeout, loop.create_future(),
-                  outputs=[None] * len(works), remaining=len(works), queued=len(works))
-        now = loop.time()
-        for index, work in enumerate(works):
-            bucket = self._bucket_for(work.longest)
-            self._queues.setdefault(bucket, deque()).append(_Item(job, index, bucket, next(self._arrivals), now))
-            self._bucket_rows[bucket] = self._bucket_rows.get(bucket, 0) + len(work.rows)
-            self._waiting_rows += len(work.rows)
-            job.buckets.add(bucket)
-        self._waiting_jobs += 1
-        job.future.add_done_callback(lambda f: self._forget(job) if f.cancelled() or f.exception() else None)
-        self._changed()
-        if not self._in_flight and self._idle_instances and self._settings.max_queue_delay_ms <= 0:
-            # An idle engine starts a lone request's batch now rather than a loop turn later, when the scheduler's
-            # task runs: a one-request batch is what it would cut then too, unless another request came in that turn.
-            self._dispatch_ready()
+        job = awaitable_job(works, None if timeout is None else loop.time() + timeout, loop, self.cancel)
+        self.add(job)
+        self.start_batches()
         return job
 
+    def add(self, job: Job) -> None:
+        """Queue ``job`` (the batcher calls its ``on_settled`` when it settles), without starting a batch yet: a
+        caller with several requests at once (the engine process, a hop's) adds them all, then
+        :meth:`start_batches`, so they share a batch."""
+        self.check_room()
+        if not job.works:
+            raise ValueError("a request needs at least one item")
+        now = self._running_loop().time()
+        for index, work in enumerate(job.works):
+            bucket = self._bucket_for(work.longest)
+            rows = len(work.rows)
+            self._queues.setdefault(bucket, deque()).append(_Item(job, index, bucket, next(self._arrivals), now, rows))
+            self._bucket_rows[bucket] = self._bucket_rows.get(bucket, 0) + rows
+            self._waiting_rows += rows
+            job.buckets.add(bucket)
+        self._waiting_jobs += 1
+        self._changed()
+
+    def start_batches(self) -> None:
+        """An idle engine starts on what was added now, rather than a loop turn later when the scheduler's task runs
+        (which would cut the same batch, unless more came in that turn)."""
+        if not self._in_flight and self._idle_instances and self._settings.max_queue_delay_ms <= 0:
+            self._dispatch_ready()
+
+    def cancel(self, job: Job) -> None:
+        """Nobody waits for ``job`` any more: its waiting items leave the queue (its running ones finish unused)."""
+        if not job.done:
+            job.done = job.cancelled = True
+            self._forget(job)
+
+    def _settle(self, job: Job, error: BaseException | None = None) -> None:
+        """``job`` ends: with its outputs, or with ``error`` (its waiting items leave the queue); its owner is told."""
+        if job.done:
+            return
+        job.done = True
+        if error is not None:
+            job.error = error
+            self._forget(job)
+        job.on_settled(job)
+
     def _forget(self, job: Job) -> None:
-        """Take a cancelled or failed job's waiting items out of the queue (its running items finish unused)."""
+        """Take a job's waiting items out of the queue."""
         if job.queued == 0:
             return
         for bucket in job.buckets:
@@ -300,12 +308,8 @@ class Batcher:
         while queue:
             item = queue[0]
             job = item.job
-            if job.future.done():  # cancelled or failed, and its done-callback has not run yet
-                self._forget(job)
-                continue
-            if job.deadline is not None and now >= job.deadline:
-                job.future.set_exception(DeadlineExceeded("the deadline passed while the request was queued"))
-                self._forget(job)
+            if job.expired(now):  # (a job that is done has no items left in the queue)
+                self._settle(job, DeadlineExceeded("the deadline passed while the request was queued"))
                 continue
             if taken and (rows + item.rows > settings.max_batch_size
                           or (rows + item.rows) * bucket > settings.max_batch_tokens):
@@ -361,10 +365,9 @@ class Batcher:
 
     def _compute(self, run: BatchRunner, batch: _Batch) -> tuple[list, float, float] | None:
         """Run the batch; None when all of its requests were cancelled or expired while it waited for the worker
-        (read-only looks at the futures: the event loop settles them)."""
+        (read-only looks at the jobs: the event loop settles them)."""
         now = time.monotonic()  # the event loop's clock
-        if all(item.job.future.done() or (item.job.deadline is not None and now >= item.job.deadline)
-               for item in batch.items):
+        if all(item.job.done or item.job.expired(now) for item in batch.items):
             return None
         started = time.perf_counter()
         outputs = run([item.job.works[item.index] for item in batch.items], batch.inputs)
@@ -374,13 +377,11 @@ class Batcher:
 
     # ------------------------------------------------------------------ outcomes (event loop)
 
-    @staticmethod
-    def _expire(batch: _Batch, now: float) -> None:
+    def _expire(self, batch: _Batch, now: float) -> None:
         """Fail the batch's requests whose deadline passed while it waited for the worker."""
         for item in batch.items:
-            job = item.job
-            if not job.future.done() and job.deadline is not None and now >= job.deadline:
-                job.future.set_exception(DeadlineExceeded("the deadline passed while the request was queued"))
+            if item.job.expired(now):
+                self._settle(item.job, DeadlineExceeded("the deadline passed while the request was queued"))
 
     def _finished(self, batch: _Batch, outcome: tuple[list, float, float] | Exception | None) -> None:
         try:
@@ -409,15 +410,13 @@ class Batcher:
             job = item.job
             job.first_start = started if job.first_start is None else min(job.first_start, started)
             job.last_end = ended if job.last_end is None else max(job.last_end, ended)
-            if job.future.done():  # cancelled while its batch ran: the result is dropped
+            if job.done:  # cancelled or failed while its batch ran: the output is dropped
                 continue
             job.outputs[item.index] = output
             job.remaining -= 1
             if job.remaining == 0:
-                job.future.set_result(job.outputs)
+                self._settle(job)
 
-    @staticmethod
-    def _fail(batch: _Batch, error: Exception) -> None:
+    def _fail(self, batch: _Batch, error: Exception) -> None:
         for item in batch.items:
-            if not item.job.future.done():
-                item.job.future.set_exception(error)
+            self._settle(item.job, error)

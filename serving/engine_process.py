@@ -3,11 +3,12 @@ instances (the same :func:`~bertzoo.serving.lanes.open_local_lanes` a one-proces
 ends' hops over one ZeroMQ ROUTER socket.
 
 A front end's hello is answered once the model is loaded and warmed up (with the model's facts and tokenizer, so
-front ends load nothing themselves). Each job of a hop is submitted to its lane as a request of a one-process
-server would be; its outcome joins the hop going back to its front end at the end of the event-loop turn in which
-its batch finished. Only the parent stops this process, by closing its control pipe after every front end has
-finished its calls: SIGINT and SIGTERM (a terminal's Ctrl-C, or an init system signalling the whole group) are
-ignored here, so the front ends' accepted calls never lose their engine.
+front ends load nothing themselves). A hop's requests are added to their lanes together, then their batches start, so
+they share one; each becomes a :class:`~bertzoo.serving.job.Job` whose settling appends its outcome to the hop going
+back to its front end at the end of that event-loop turn (no future or callback per request). Only the parent stops
+this process, by closing its control pipe after every front end has finished its calls: SIGINT and SIGTERM (a
+terminal's Ctrl-C, or an init system signalling the whole group) are ignored here, so the front ends' accepted calls
+never lose their engine.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import logging
 import signal
 import sys
 from collections import defaultdict
-from functools import partial
 from multiprocessing.connection import Connection
 
 import zmq
@@ -26,12 +26,13 @@ import zmq
 from bertzoo.errors import UserError
 
 from . import engine_protocol as protocol
-from .batcher import Job
+from .batcher import Batcher
 from .child_process import child_process_setup
 from .config import ServeConfig
 from .engine_protocol import HopSocket
 from .errors import BackendFailure, ServingError
 from .event_loop import run_on_best_loop
+from .job import Job
 from .lanes import Lanes, open_local_lanes
 from .metrics import Metrics
 from .model import load_served_model
@@ -51,7 +52,7 @@ class EngineHost:
         self._lanes: Lanes | None = None
         self._ready_message: list[bytes] | None = None
         self._waiting_hellos: list[bytes] = []
-        self._jobs: dict[tuple[bytes, int], Job] = {}
+        self._jobs: dict[tuple[bytes, int], tuple[Job, Batcher]] = {}  # by (front end, its job id)
         self._outbox: dict[bytes, list[protocol.Outcome]] = defaultdict(list)
         self._flush_scheduled = False
 
@@ -91,29 +92,35 @@ class EngineHost:
         assert self._lanes is not None
         requests, cancelled = protocol.read_jobs(frames)
         dropped = set(cancelled)
+        now = asyncio.get_running_loop().time()
+        added: set[Batcher] = set()
         for request, works in requests:
             if request.job_id in dropped:  # cancelled before the hop left: never queued, so never run
                 continue
             lane = self._lanes.long if request.lane == "long" else self._lanes.main
+            assert isinstance(lane, Batcher)  # the lanes of open_local_lanes
+            key = (peer, request.job_id)
+            job = Job(works, None if request.timeout is None else now + request.timeout, self._settled, key)
             try:
-                job = lane.submit(works, request.timeout)
+                lane.add(job)
             except ServingError as e:  # a full queue, or shutting down
                 self._answer(peer, protocol.Outcome(request.job_id, failure=protocol.Failure.of(e)))
                 continue
-            self._jobs[(peer, request.job_id)] = job
-            job.future.add_done_callback(partial(self._finished, peer, request.job_id, job))
+            self._jobs[key] = (job, lane)
+            added.add(lane)
         for job_id in cancelled:
-            if (job := self._jobs.pop((peer, job_id), None)) is not None:
-                job.future.cancel()  # the batcher takes its waiting items out of the queue
+            if (entry := self._jobs.pop((peer, job_id), None)) is not None:
+                entry[1].cancel(entry[0])  # its waiting items leave the queue
+        for lane in added:
+            lane.start_batches()
         self._schedule_flush()  # the queues' depths may have crossed the limit: every front end is told
 
-    def _finished(self, peer: bytes, job_id: int, job: Job, future: asyncio.Future) -> None:
-        self._jobs.pop((peer, job_id), None)
-        if future.cancelled():  # its front end cancelled it: nobody waits for an answer
-            return
-        error = future.exception()
+    def _settled(self, job: Job) -> None:
+        peer, job_id = job.tag
+        self._jobs.pop(job.tag, None)
+        error = job.error
         if error is None:
-            outcome = protocol.Outcome(job_id, future.result(), job.first_start or 0.0, job.last_end or 0.0)
+            outcome = protocol.Outcome(job_id, job.outputs, job.first_start or 0.0, job.last_end or 0.0)
         else:
             if not isinstance(error, ServingError):
                 error = BackendFailure(f"the model failed on this request ({type(error).__name__})")
@@ -138,12 +145,13 @@ class EngineHost:
         waiting = {"main": self._lanes.main.waiting, "long": self._lanes.long.waiting}
         full = (waiting["main"] >= self._max_queue, waiting["long"] >= self._max_queue)
         outbox, self._outbox = self._outbox, defaultdict(list)
-        for peer, told in list(self._told_full.items()):  # a send reads what came, hellos included
+        for peer, told in self._told_full.items():
             if peer in outbox or told != full:
-                self._socket.send([peer, *protocol.results_message(outbox.pop(peer, []), waiting)])
+                self._socket.send([peer, *protocol.results_message(outbox.pop(peer, []), waiting)], then_drain=False)
                 self._told_full[peer] = full
         for peer, outcomes in outbox.items():  # a front end that never said hello (none such, but never lose answers)
-            self._socket.send([peer, *protocol.results_message(outcomes, waiting)])
+            self._socket.send([peer, *protocol.results_message(outcomes, waiting)], then_drain=False)
+        self._socket.drain()  # after the sends, which can take the socket's readable edge (HopSocket)
 
 
 async def run_engine(config: ServeConfig, address: str, control: Connection) -> None:

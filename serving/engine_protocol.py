@@ -232,13 +232,15 @@ class HopSocket:
             asyncio.get_running_loop().remove_reader(self._fd)
             self._fd = None
 
-    def send(self, frames: Sequence[bytes]) -> None:
+    def send(self, frames: Sequence[bytes], then_drain: bool = True) -> None:
         """Send one message of ``frames`` (copied: a hop's frames are a few KB, where copying beats zero-copy), then
-        read whatever came meanwhile."""
+        read whatever came meanwhile (``then_drain=False``: the caller sends more first, then calls :meth:`drain`
+        once: each read that finds nothing costs an exception)."""
         for frame in frames[:-1]:
             self.socket.send(frame, _SNDMORE)
         self.socket.send(frames[-1])
-        self.drain()
+        if then_drain:
+            self.drain()
 
     def drain(self) -> None:
         """Hand every waiting message to ``on_message``."""

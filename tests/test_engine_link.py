@@ -94,8 +94,8 @@ def test_a_call_cancelled_in_the_turn_of_its_submit_never_reaches_the_engine(tin
 
     async def main() -> list[tuple[int, float]]:
         _, [front], lanes, metrics, stop = await _engine_with_links(config, tmp_path, 1)
-        submitted, submit = [], lanes.main.submit
-        lanes.main.submit = lambda works, timeout=None: submitted.append(works) or submit(works, timeout)
+        submitted, add = [], lanes.main.add
+        lanes.main.add = lambda job: submitted.append(job) or add(job)
 
         def seen() -> tuple[int, float]:
             return len(submitted), metrics.registry.get_sample_value("bertzoo_batch_size_count") or 0.0

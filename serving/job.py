@@ -1,0 +1,66 @@
+"""A request's items on their way through a batcher, and how their end is told.
+
+A job settles once: with one output per item, or with an error (its deadline passed, the model failed, the server
+shut down), or it is cancelled (nobody waits for it any more). The batcher calls the job's ``on_settled`` the moment
+it settles, on the event loop; a cancelled job is never told.
+
+Two owners, two ways of waiting: a one-process server's RPC awaits an asyncio future (:func:`awaitable_job`);
+the engine process answers its front ends from ``on_settled`` itself, so a hop's requests cost it no future, no
+done-callback and no event-loop turn each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+
+from .engine import Work
+
+Settled = Callable[["Job"], None]
+
+
+class Job:
+    __slots__ = ("works", "deadline", "on_settled", "submitted", "first_start", "last_end", "outputs", "error",
+                 "done", "cancelled", "remaining", "queued", "buckets", "future", "tag")
+
+    def __init__(self, works: Sequence[Work], deadline: float | None, on_settled: Settled, tag: object = None) -> None:
+        self.works = works
+        self.deadline = deadline  # event-loop time
+        self.on_settled = on_settled
+        self.tag = tag  # the owner's handle on the job (the engine process: its front end and job id)
+        self.submitted = 0.0  # time.perf_counter() when queued, for local requests' queue time
+        self.first_start: float | None = None  # when the first batch carrying this job started on the worker
+        self.last_end: float | None = None
+        self.outputs: list = [None] * len(works)
+        self.error: BaseException | None = None
+        self.done = False  # settled or cancelled: read by the worker threads too, to skip a batch nobody waits for
+        self.cancelled = False
+        self.remaining = len(works)  # items without an output yet
+        self.queued = len(works)  # items still in the queue
+        self.buckets: set[int] = set()
+        self.future: asyncio.Future | None = None
+
+    def expired(self, now: float) -> bool:
+        return self.deadline is not None and now >= self.deadline
+
+
+def _settle_future(job: Job) -> None:
+    assert job.future is not None
+    if job.future.done():
+        return
+    if job.error is None:
+        job.future.set_result(job.outputs)
+    else:
+        job.future.set_exception(job.error)
+
+
+def awaitable_job(works: Sequence[Work], deadline: float | None, loop: asyncio.AbstractEventLoop,
+                  cancel: Callable[[Job], None]) -> Job:
+    """A job whose ``future`` resolves to its outputs (or raises its error); cancelling the future cancels the job
+    (``cancel``: the batcher's, which takes its waiting items out of the queue)."""
+    job = Job(works, deadline, _settle_future)
+    job.submitted = time.perf_counter()
+    job.future = loop.create_future()
+    job.future.add_done_callback(lambda f: cancel(job) if f.cancelled() else None)
+    return job
