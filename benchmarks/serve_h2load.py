@@ -58,11 +58,12 @@ def quantiles_by_length(tokenizer: Tokenizer, sentences: list[str], max_length: 
 
 
 def ok_answers(metrics_port: int, task: str) -> dict[str, float]:
-    """bertzoo_requests_total of ``task`` by status code, from the server's Prometheus endpoint."""
+    """bertzoo_requests_total of ``task`` by status code (gRPC and HTTP together), from the server's Prometheus
+    endpoint."""
     counts: dict[str, float] = {}
     for key, value in scrape_metrics(metrics_port).items():
-        if found := re.fullmatch(rf'bertzoo_requests_total{{code="(\w+)",task="{task}"}}', key):
-            counts[found.group(1)] = value
+        if found := re.fullmatch(rf'bertzoo_requests_total{{code="(\w+)",protocol="\w+",task="{task}"}}', key):
+            counts[found.group(1)] = counts.get(found.group(1), 0.0) + value
     return counts
 
 

@@ -45,6 +45,14 @@ class DeadlineExceeded(ServingError):
     reason = "deadline"
 
 
+class SlowBody(ServingError):
+    """An HTTP request's body did not arrive in time: 408, and its connection is freed for others."""
+
+    code = "DEADLINE_EXCEEDED"
+    reason = "slow_body"
+    http_status = 408
+
+
 class BackendFailure(ServingError):
     """The backend raised on a batch; every request with an item in that batch fails with this."""
 

@@ -153,7 +153,8 @@ class BertzooServer:
         self._service = TaskService(lanes, self.config, self.metrics)
         spec = lanes.spec
         self.metrics.build_info.labels(spec.backend, spec.device, spec.precision, spec.variant, _version()).set(1)
-        self.metrics.start_tasks((*spec.tasks, EMBED))  # Embed needs no head
+        self.metrics.start_tasks((*spec.tasks, EMBED),  # Embed needs no head
+                                 ("grpc", "http") if self.config.http_port else ("grpc",))
         for service in ("", SERVICE_NAME):
             await self._health.set(service, SERVING)
         self.metrics.ready.set(1)

@@ -14,7 +14,10 @@ Routes:
 
 A failure answers with the HTTP status of its gRPC code and one line naming the field or limit: under ``/v1`` as
 OpenAI's error object, elsewhere ``{"error": message, "code": GRPC_CODE}``. With ``--auth-token`` every route but
-``/health`` needs exactly one ``Authorization: Bearer`` header.
+``/health`` needs exactly one ``Authorization: Bearer`` header. A request's ``X-Request-Timeout`` header (seconds) is
+its deadline, as a gRPC call's: past it the answer is 504 and its work is dropped. A body must arrive within
+``http_request.BODY_SECONDS`` (or the deadline, if sooner), else 408: a client trickling its body holds nothing long.
+Requests count in the same metrics series as the RPCs, under ``protocol="http"``.
 """
 
 from __future__ import annotations
@@ -33,10 +36,11 @@ from google.protobuf import json_format
 
 from .config import ServeConfig
 from .errors import HTTP_STATUS, InvalidRequest, ServingError
+from .http_request import http_call, read_body, status_of
 from .kserve import KServeRoutes
 from .metrics import Metrics
 from .proto import answer_fields
-from .servicer import REQUEST_TYPES, BertzooServicer, Failure, NoDeadline
+from .servicer import REQUEST_TYPES, BertzooServicer, Failure, HttpCall
 from .tasks_service import TaskService
 
 log = logging.getLogger("bertzoo.serving")
@@ -45,8 +49,6 @@ log = logging.getLogger("bertzoo.serving")
 OPENAI_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                       413: "invalid_request_error", 429: "rate_limit_error", 503: "server_error", 504: "server_error"}
 OPEN_PATHS = ("/health", "/v2/health/live", "/v2/health/ready")
-
-
 def error_response(path: str, status: int, message: str, code: str) -> web.Response:
     if path.startswith("/v1/"):
         body = {"error": {"message": message, "type": OPENAI_ERROR_TYPES.get(status, "server_error"), "param": None,
@@ -85,7 +87,7 @@ class HttpRoutes:
             if len(given) != 1 or not hmac.compare_digest(given[0].encode(), f"Bearer {self._config.auth_token}".encode()):
                 why = ("more than one authorization header" if len(given) > 1 else
                        "missing or wrong bearer token (Authorization: Bearer <token>)")
-                self._metrics.record_refused(request.path.strip("/"), "UNAUTHENTICATED", "unauthenticated")
+                self._metrics.record_refused(request.path.strip("/"), "UNAUTHENTICATED", "unauthenticated", "http")
                 return error_response(request.path, 401, why, "UNAUTHENTICATED")
         try:
             return await handler(request)
@@ -100,50 +102,57 @@ class HttpRoutes:
             log.exception("HTTP %s %s: unexpected error", request.method, request.path)
             return error_response(request.path, 500, "internal server error (details in the server log)", "INTERNAL")
 
-    async def _body(self, request: web.Request) -> dict:
+    async def _body(self, request: web.Request, call: HttpCall) -> dict:
         try:
-            body = await request.json(loads=json.loads)
+            body = json.loads(await read_body(request, call))
         except (ValueError, UnicodeDecodeError) as e:
             raise InvalidRequest(f"the body is not JSON: {e}") from None
         if not isinstance(body, dict):
             raise InvalidRequest(f"the body must be a JSON object, got {type(body).__name__}")
         return body
 
-    async def _answer(self, request: web.Request, task: str, answer) -> web.Response | object:
+    async def _answer(self, request: web.Request, task: str, call: HttpCall, answer) -> web.Response | object:
         """The servicer's answer for one request (metrics recorded there), or the error response."""
-        result = await self._servicer.serve_one(task, NoDeadline(), answer)
+        result = await self._servicer.serve_http(task, call, answer)
         if isinstance(result, Failure):
             return error_response(request.path, HTTP_STATUS.get(result.code, 500), result.message, result.code)
         return result
 
-    async def _message_answer(self, request: web.Request, task: str, answer) -> web.Response:
+    async def _message_answer(self, request: web.Request, task: str, call: HttpCall, answer) -> web.Response:
         """An answer that is a response message, as its JSON fields (or the error response)."""
-        result = await self._answer(request, task, answer)
+        result = await self._answer(request, task, call, answer)
         return result if isinstance(result, web.Response) else web.json_response(answer_fields(result))
 
     async def task(self, request: web.Request) -> web.Response:
         task = request.path.strip("/")
         try:
-            message = json_format.ParseDict(await self._body(request), REQUEST_TYPES[task]())
+            call = http_call(request)
+            message = json_format.ParseDict(await self._body(request, call), REQUEST_TYPES[task]())
         except (ServingError, json_format.ParseError) as e:
             return self._refused(request, task, e)
-        return await self._message_answer(request, task, self._servicer.answer(task, message))
+        return await self._message_answer(request, task, call, self._servicer.answer(task, message))
 
     def _refused(self, request: web.Request, task: str, error: Exception) -> web.Response:
-        """A body that never reached the servicer: counted as the servicer counts a malformed message."""
-        self._metrics.record_refused(task, "INVALID_ARGUMENT", "malformed")
-        return error_response(request.path, 400, str(error).splitlines()[0], "INVALID_ARGUMENT")
+        """A request that never reached the servicer: a body too slow, or one not understood (counted as the
+        servicer counts a malformed message)."""
+        if isinstance(error, ServingError) and not isinstance(error, InvalidRequest):
+            code, reason, status = error.code, error.reason, status_of(error)
+        else:
+            code, reason, status = "INVALID_ARGUMENT", "malformed", 400
+        self._metrics.record_refused(task, code, reason, "http")
+        return error_response(request.path, status, str(error).splitlines()[0], code)
 
     async def openai_embeddings(self, request: web.Request) -> web.Response:
         try:
-            texts, encoding = self._openai_input(await self._body(request))
+            call = http_call(request)
+            texts, encoding = self._openai_input(await self._body(request, call))
         except ServingError as e:
             return self._refused(request, "embed", e)
 
         async def answer(service: TaskService, timeout: float | None):
             return await service.embed(texts, timeout)
 
-        result = await self._answer(request, "embed", answer)
+        result = await self._answer(request, "embed", call, answer)
         if isinstance(result, web.Response):
             return result
         vectors, timing = result
@@ -180,7 +189,11 @@ class HttpRoutes:
         return web.json_response({"status": "SERVING" if serving else "NOT_SERVING"}, status=200 if serving else 503)
 
     async def info(self, request: web.Request) -> web.Response:
-        return await self._message_answer(request, "model_info", self._servicer.model_info_answer())
+        try:
+            call = http_call(request)
+        except ServingError as e:
+            return self._refused(request, "model_info", e)
+        return await self._message_answer(request, "model_info", call, self._servicer.model_info_answer())
 
 
 class HttpServer:

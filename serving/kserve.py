@@ -15,15 +15,16 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from aiohttp import web
 
 from bertzoo import tasks as T
 
-from .errors import HTTP_STATUS, InvalidRequest
+from .errors import HTTP_STATUS, InvalidRequest, ServingError
+from .http_request import http_call, read_body, status_of
 from .proto import answer_fields, pb2
-from .servicer import REQUEST_TYPES, BertzooServicer, Failure, NoDeadline
+from .servicer import REQUEST_TYPES, BertzooServicer, Failure
 from .tasks_service import TaskService
 
 MODEL = "bertzoo"
@@ -62,10 +63,9 @@ def _flat(data: object) -> list:
     return [x for item in data for x in _flat(item)] if isinstance(data, list) else [data]
 
 
-async def read_inputs(request: web.Request) -> tuple[dict[str, list[str]], dict]:
+def read_inputs(body: bytes, headers: Mapping[str, str]) -> tuple[dict[str, list[str]], dict]:
     """The request's BYTES inputs by name, and its JSON header (the binary extension's tensors follow it)."""
-    body = await request.read()
-    length = request.headers.get(HEADER_LENGTH)
+    length = headers.get(HEADER_LENGTH)
     try:
         split = int(length) if length is not None else len(body)
         header = json.loads(body[:split])
@@ -141,17 +141,18 @@ class KServeRoutes:
             return unknown
         service = self._service()
         try:
-            inputs, header = await read_inputs(request)
+            call = http_call(request)
+            inputs, header = read_inputs(await read_body(request, call), request.headers)
             tasks = (*service.spec.tasks, "embed") if service is not None else T.TASK_NAMES
             rows = T.text_rows(inputs.get("TASK", []), inputs.get("TEXT_A", []), inputs.get("TEXT_B"), tasks)
-        except (InvalidRequest, ValueError) as e:
-            return _error(400, str(e))
+        except (ServingError, ValueError) as e:
+            return _error(status_of(e) if isinstance(e, ServingError) else 400, str(e))
         if not rows:
             return _error(400, "TEXT_A is empty: send at least one row")
         answers: list[dict | None] = [None] * len(rows)
         for task in dict.fromkeys(task for task, _, _ in rows):
             members = [i for i, row in enumerate(rows) if row[0] == task]
-            result = await self._servicer.serve_one(task, NoDeadline(), self._answer_for(task, [rows[i] for i in members]))
+            result = await self._servicer.serve_http(task, call, self._answer_for(task, [rows[i] for i in members]))
             if isinstance(result, Failure):
                 return _error(HTTP_STATUS.get(result.code, 500), result.message)
             items = result.embeddings if task == "embed" else result.results

@@ -48,15 +48,20 @@ def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> WSGIServ
     return server
 
 
+PROTOCOLS = ("grpc", "http")
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
 
-        def seconds(name: str, what: str) -> Histogram:
-            return Histogram(f"bertzoo_{name}_seconds", what, ["task"], buckets=LATENCY_BUCKETS, registry=r)
+        def seconds(name: str, what: str, labels: tuple[str, ...] = ("task",)) -> Histogram:
+            return Histogram(f"bertzoo_{name}_seconds", what, labels, buckets=LATENCY_BUCKETS, registry=r)
 
-        self.request_seconds = seconds("request", "Server time per RPC, arrival to answer, by task.")
+        # protocol: "grpc", or "http" for the HTTP routes (serving/http_server.py): one series for both, told apart
+        self.request_seconds = seconds("request", "Server time per request, arrival to answer, by task and protocol.",
+                                       ("task", "protocol"))
         self.queue_seconds = seconds("queue", "Wait in the batcher queue until the request's first model pass.")
         self.tokenize_seconds = seconds("tokenize", "Validation and tokenization per request.")
         self.inference_seconds = seconds("inference", "First model pass start to last model pass end, per request.")
@@ -81,10 +86,10 @@ class Metrics:
         self.open_streams = Gauge("bertzoo_open_streams", "Open *Stream calls, by task; their requests count under "
                                   "the task like unary ones.", ["task"], registry=r,
                                   multiprocess_mode="livesum")
-        self.requests = Counter("bertzoo_requests", "RPCs answered, by task and status code.", ["task", "code"],
-                                registry=r)
-        self.failures = Counter("bertzoo_request_failures", "Failed RPCs, by task, status code and reason.",
-                                ["task", "code", "reason"], registry=r)
+        self.requests = Counter("bertzoo_requests", "Requests answered, by task, status code (gRPC's, for HTTP too) "
+                                "and protocol.", ["task", "code", "protocol"], registry=r)
+        self.failures = Counter("bertzoo_request_failures", "Failed requests, by task, status code, reason and "
+                                "protocol.", ["task", "code", "reason", "protocol"], registry=r)
         # bertzoo_build_info{backend, device, precision, variant, version} 1, set once the model is loaded: dashboards
         # and alerts can tell a GPU replica from a CPU one, or an int8 one from fp32.
         # A gauge rather than an Info, which prometheus_client's multiprocess mode cannot carry; the exposition is the
@@ -96,26 +101,28 @@ class Metrics:
         ProcessCollector(registry=r)
         self._http: WSGIServer | None = None
 
-    def start_tasks(self, tasks: Iterable[str]) -> None:
+    def start_tasks(self, tasks: Iterable[str], protocols: Iterable[str] = PROTOCOLS) -> None:
         """Export each served task's series at zero before its first request. A series that first appears already
         counting hides its first requests from rate(): a replica's first burst, or all of its traffic when the scrapes
         between its first and last request are lost (a slow scrape times out), would show no latency at all."""
         for task in tasks:
-            for histogram in (self.request_seconds, self.queue_seconds, self.tokenize_seconds, self.inference_seconds):
+            for histogram in (self.queue_seconds, self.tokenize_seconds, self.inference_seconds):
                 histogram.labels(task)
-            self.requests.labels(task, "OK")
+            for protocol in protocols:
+                self.request_seconds.labels(task, protocol)
+                self.requests.labels(task, "OK", protocol)
             self.open_streams.labels(task)
 
-    def record_refused(self, task: str, code: str, reason: str) -> None:
+    def record_refused(self, task: str, code: str, reason: str, protocol: str = "grpc") -> None:
         """A request refused before it reached the servicer (an interceptor, an unreadable HTTP body): no latency."""
-        self.requests.labels(task, code).inc()
-        self.failures.labels(task, code, reason).inc()
+        self.requests.labels(task, code, protocol).inc()
+        self.failures.labels(task, code, reason, protocol).inc()
 
-    def record_request(self, task: str, code: str, reason: str, seconds: float) -> None:
-        self.requests.labels(task, code).inc()
-        self.request_seconds.labels(task).observe(seconds)
+    def record_request(self, task: str, code: str, reason: str, seconds: float, protocol: str = "grpc") -> None:
+        self.requests.labels(task, code, protocol).inc()
+        self.request_seconds.labels(task, protocol).observe(seconds)
         if code != "OK":
-            self.failures.labels(task, code, reason).inc()
+            self.failures.labels(task, code, reason, protocol).inc()
 
     def serve(self, host: str, port: int) -> int:
         """Serve ``/metrics`` over HTTP from a daemon thread; returns the bound port."""

@@ -43,13 +43,18 @@ REQUEST_TYPES = {"sentiment": pb2.SentimentRequest, "paraphrase": pb2.Paraphrase
 DRAINING_MESSAGE = ("this replica is shutting down: the requests answered on this stream are done; send the rest "
                     "again, on a new stream (to another replica)")
 
+HTTP_TIMEOUT_HEADER = "X-Request-Timeout"  # an HTTP request's deadline: seconds, as a gRPC call's timeout
 
-class NoDeadline:
-    """The call context :meth:`BertzooServicer.serve_one` gets for a request without a deadline (an HTTP request)."""
 
-    @staticmethod
-    def time_remaining() -> None:
-        return None
+class HttpCall:
+    """The call context :meth:`BertzooServicer.serve_one` gets for an HTTP request: the seconds its client waits
+    (its ``X-Request-Timeout`` header), where it said; as a gRPC call's deadline, from its arrival."""
+
+    def __init__(self, timeout: float | None = None) -> None:
+        self._ends = None if timeout is None else time.monotonic() + timeout
+
+    def time_remaining(self) -> float | None:
+        return None if self._ends is None else max(0.0, self._ends - time.monotonic())
 
 
 @dataclass(frozen=True)
@@ -117,8 +122,19 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
         else:
             self._unexpected[task] = (last, suppressed + 1)
 
-    async def serve_one(self, task: str, context: grpc.aio.ServicerContext,
-                         answer: Answer[Response]) -> Response | Failure:
+    async def serve_http(self, task: str, call: HttpCall, answer: Answer[Response]) -> Response | Failure:
+        """:meth:`serve_one` for an HTTP request (counted under protocol "http"), ended at its deadline as gRPC ends
+        a call at its deadline."""
+        remaining = call.time_remaining()
+        if remaining is None:
+            return await self.serve_one(task, call, answer, "http")
+        try:
+            return await asyncio.wait_for(self.serve_one(task, call, answer, "http"), remaining)
+        except asyncio.TimeoutError:  # serve_one counted it DEADLINE_EXCEEDED as it was cancelled
+            return Failure("DEADLINE_EXCEEDED", f"no answer within the request's {HTTP_TIMEOUT_HEADER}")
+
+    async def serve_one(self, task: str, context: grpc.aio.ServicerContext | HttpCall,
+                        answer: Answer[Response], protocol: str = "grpc") -> Response | Failure:
         """One request, unary or on a stream: its response, or the status it fails with. Records the request's
         metrics (in-flight gauge, latency, result by code and reason) whatever happens, cancellation included."""
         started = time.perf_counter()
@@ -150,7 +166,7 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
         finally:
             self.in_flight -= 1
             self._metrics.inflight.dec()
-            self._metrics.record_request(task, code, reason, time.perf_counter() - started)
+            self._metrics.record_request(task, code, reason, time.perf_counter() - started, protocol)
 
     async def _handle(self, task: str, context: grpc.aio.ServicerContext,
                       answer: Answer[Response]) -> Response:

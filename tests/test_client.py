@@ -22,6 +22,8 @@ def running(tiny_artifact):
         yield server
 
 
+SENTIMENT_OK = {"task": "sentiment", "code": "OK", "protocol": "grpc"}
+
 def test_the_async_client_answers_as_the_sync_one(running):
     target = f"127.0.0.1:{running.port}"
     with BertzooClient(target) as client:
@@ -105,12 +107,12 @@ def test_a_target_with_several_servers_spreads_calls_over_all_of_them(running, t
     _, artifact = tiny_artifact
     with ServerThread(serve_config(artifact)) as second:
         target = f"ipv4:127.0.0.1:{running.port},127.0.0.1:{second.port}"
-        before = [s.metrics.registry.get_sample_value("bertzoo_requests_total", {"task": "sentiment", "code": "OK"})
+        before = [s.metrics.registry.get_sample_value("bertzoo_requests_total", SENTIMENT_OK)
                   or 0.0 for s in (running, second)]
         with BertzooClient(target) as client:
             for i in range(20):
                 client.sentiment([f"call {i}"])
-        after = [s.metrics.registry.get_sample_value("bertzoo_requests_total", {"task": "sentiment", "code": "OK"})
+        after = [s.metrics.registry.get_sample_value("bertzoo_requests_total", SENTIMENT_OK)
                  for s in (running, second)]
     shares = [a - b for a, b in zip(after, before, strict=True)]
     assert sum(shares) == 20 and min(shares) >= 5, shares

@@ -164,7 +164,7 @@ def test_cpu_image_serves_every_rpc_through_published_ports_and_drains_on_sigter
         metrics = metrics_text(metrics_port)
         assert "bertzoo_ready 1.0" in metrics
         for task in ("sentiment", "paraphrase", "similarity", "qa", "embed"):
-            assert f'bertzoo_requests_total{{code="OK",task="{task}"}}' in metrics, task
+            assert f'bertzoo_requests_total{{code="OK",protocol="grpc",task="{task}"}}' in metrics, task
 
         # SIGTERM (the image's STOPSIGNAL) with a call in flight: the server answers it, then exits 0 before
         # podman's SIGKILL.

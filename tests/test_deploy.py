@@ -42,7 +42,7 @@ def run(*command: str) -> str:
 
 @needs("promtool")
 def test_the_prometheus_rules_pass_promtool_and_their_unit_tests():
-    assert "SUCCESS: 23 rules found" in run("promtool", "check", "rules", str(DEPLOY / "prometheus" / "rules.yml"))
+    assert "SUCCESS: 25 rules found" in run("promtool", "check", "rules", str(DEPLOY / "prometheus" / "rules.yml"))
     assert "SUCCESS" in run("promtool", "test", "rules", str(DEPLOY / "prometheus" / "rules_test.yml"))
 
 
@@ -79,6 +79,29 @@ def test_the_kubernetes_manifests_validate_strictly():
             kubernetes_validate.validate(document, "1.30", strict=True)  # raises on any unknown or wrong field
     kustomized = yaml.safe_load((DEPLOY / "k8s" / "kustomization.yaml").read_text())["resources"]
     assert all((DEPLOY / "k8s" / name).is_file() for name in kustomized)
+
+
+def test_the_http_probes_component_patches_the_deployment_into_a_valid_one_probing_health():
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    component = DEPLOY / "k8s" / "http-probes"
+    kustomization = yaml.safe_load((component / "kustomization.yaml").read_text())
+    assert kustomization["kind"] == "Component" and kustomization["patches"] == [{"path": "probes.yaml"}]
+    patch = yaml.safe_load((component / "probes.yaml").read_text())
+    deployment = yaml.safe_load((DEPLOY / "k8s" / "deployment.yaml").read_text())
+    assert patch["metadata"]["name"] == deployment["metadata"]["name"]
+    containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+    for patched in patch["spec"]["template"]["spec"]["containers"]:
+        container = containers[patched["name"]]
+        for probe, fields in patched.items():
+            if probe != "name":  # strategic merge: a null removes the field
+                merged = {**container[probe], **fields}
+                container[probe] = {k: v for k, v in merged.items() if v is not None}
+    kubernetes_validate.validate(deployment, "1.30", strict=True)
+    container = containers["bertzoo"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    for probe in ("startupProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": "http"} and "grpc" not in container[probe]
+    assert ports["http"] == 8000  # the image's --http-port
 
 
 def test_the_validator_catches_a_wrong_field():

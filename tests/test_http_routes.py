@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
+import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -16,7 +19,8 @@ from hypothesis import strategies as st
 
 from bertzoo.serving.client import BertzooClient
 from bertzoo.serving.grpc_server import ServerThread
-from conftest import free_port, serve_config
+from bertzoo.serving.model import load_served_model
+from conftest import ControlledBackend, free_port, serve_config
 from server_process import ServerProcess, metric
 
 TEXTS = ["a gorgeous , witty , seductive movie .", "the plot is dull", "hello"]
@@ -87,8 +91,12 @@ def test_task_routes_answer_as_the_rpcs_do(http_server):
     status, info = call(port, "/info")
     assert status == 200 and info["tasks"] == ["sentiment", "paraphrase", "similarity", "qa"]
     assert call(port, "/health") == (200, {"status": "SERVING"})
-    text = running.metrics.registry
-    assert text.get_sample_value("bertzoo_requests_total", {"task": "paraphrase", "code": "OK"}) >= 2  # same series
+    registry = running.metrics.registry  # the same series as the RPCs', told apart by their protocol label
+    for protocol in ("grpc", "http"):
+        assert registry.get_sample_value("bertzoo_requests_total", {"task": "paraphrase", "code": "OK",
+                                                                    "protocol": protocol}) >= 1, protocol
+        assert registry.get_sample_value("bertzoo_request_seconds_count", {"task": "paraphrase",
+                                                                           "protocol": protocol}) >= 1, protocol
 
 
 @pytest.mark.parametrize(("path", "body", "status", "says"), [
@@ -112,6 +120,52 @@ def test_every_malformed_body_is_one_clear_error(http_server, path, body, status
         assert answer["error"]["type"] == "invalid_request_error"  # OpenAI's error object
     else:
         assert answer["code"] == ("NOT_FOUND" if status == 404 else "INVALID_ARGUMENT")
+
+
+def test_x_request_timeout_is_the_requests_deadline_and_a_trickled_body_gets_408(tiny_artifact):
+    """A model slowed to 1.5 s a batch: the request that occupies it runs; one queued behind it with a 0.5 s
+    X-Request-Timeout is answered 504 at its deadline and never reaches the model (counted DEADLINE_EXCEEDED under
+    protocol "http"); a bad header is a 400 naming it; a body that stops coming is a 408 within the deadline."""
+    _, artifact = tiny_artifact
+    backends: list[ControlledBackend] = []
+
+    def loader(config):
+        served = load_served_model(config)
+        served.backend = backends.append(ControlledBackend(served.backend)) or backends[0]
+        return served
+
+    port = free_port()
+    with ServerThread(serve_config(artifact, http_port=port), loader) as running:
+        backend = backends[0]
+        backend.batch_rows.clear()
+        backend.delay = 1.5
+        first = threading.Thread(target=call, args=(port, "/sentiment", {"texts": ["occupies the model"]}))
+        first.start()
+        while not backend.batch_rows:
+            time.sleep(0.01)
+        started = time.monotonic()
+        status, body = call(port, "/sentiment", {"texts": ["too late"]}, {"X-Request-Timeout": "0.5"})
+        waited = time.monotonic() - started
+        first.join()
+        assert status == 504 and body["code"] == "DEADLINE_EXCEEDED" and "X-Request-Timeout" in body["error"]
+        assert 0.45 < waited < 1.3, waited  # at its deadline, not when the model freed
+        assert backend.batch_rows == [1]  # the late request never ran
+        assert running.metrics.registry.get_sample_value("bertzoo_request_failures_total", {
+            "task": "sentiment", "code": "DEADLINE_EXCEEDED", "reason": "deadline", "protocol": "http"}) == 1
+        backend.delay = 0.0
+        status, body = call(port, "/embed", {"texts": ["x"]}, {"X-Request-Timeout": "soon"})
+        assert status == 400 and "X-Request-Timeout must be a number of seconds > 0, got 'soon'" in body["error"]
+        assert call(port, "/embed", {"texts": ["x"]}, {"X-Request-Timeout": "5"})[0] == 200
+
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:  # 100 bytes promised, 10 sent
+            raw.sendall(b"POST /sentiment HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"X-Request-Timeout: 0.5\r\nContent-Length: 100\r\n\r\n{\"texts\": ")
+            started = time.monotonic()
+            reply = raw.recv(4096).decode()
+            assert time.monotonic() - started < 2.0
+        assert reply.startswith("HTTP/1.1 408") and "did not arrive within 0.5 s" in reply, reply
+        assert running.metrics.registry.get_sample_value("bertzoo_request_failures_total", {
+            "task": "sentiment", "code": "DEADLINE_EXCEEDED", "reason": "slow_body", "protocol": "http"}) == 1
 
 
 def test_an_oversized_body_is_refused_413(tiny_artifact):
@@ -156,7 +210,7 @@ def test_front_ends_serve_http_and_curl_reaches_it(tiny_artifact):
                                  capture_output=True, text=True, timeout=30, check=True).stdout
             assert len(json.loads(out)["data"][0]["embedding"]) > 0
         assert call(server.http_port, "/health") == (200, {"status": "SERVING"})
-        assert metric(server.metrics(), "bertzoo_requests_total", task="embed", code="OK") == 4
+        assert metric(server.metrics(), "bertzoo_requests_total", task="embed", code="OK", protocol="http") == 4
         assert server.stop() == 0
     assert "and HTTP port" in server.output
 

@@ -89,5 +89,6 @@ def test_readme_walkthrough_runs(tmp_path):
     assert (tmp_path / "artifacts").is_dir() and (tmp_path / "runs").is_dir()
     assert '"label"' in proc.stdout, proc.stdout[-3000:]  # the client's answer
     assert '{"object": "list", "data": [{"object": "embedding"' in proc.stdout, proc.stdout[-3000:]  # curl's
-    assert re.search(r'bertzoo_requests_total\{code="OK",task="sentiment"\} [1-9]', proc.stdout), proc.stdout[-3000:]
+    assert re.search(r'bertzoo_requests_total\{code="OK",protocol="grpc",task="sentiment"\} [1-9]', proc.stdout), \
+        proc.stdout[-3000:]
     assert "ready: health SERVING" in out and "(int8)" in out  # it served the variant it exported

@@ -196,9 +196,9 @@ def test_metrics_endpoint_serves_the_histograms_gauges_and_counters(served):
     for name in ("bertzoo_batch_size_bucket", "bertzoo_batch_tokens_bucket", "bertzoo_batch_seconds_count",
                  "bertzoo_queue_depth", "bertzoo_queue_sequences", "bertzoo_inflight_requests"):
         assert re.search(rf"^{name}\b", text, re.M), name
-    assert samples[("bertzoo_requests_total", (("code", "OK"), ("task", "sentiment")))] >= 1
-    assert samples[("bertzoo_request_failures_total",
-                    (("code", "INVALID_ARGUMENT"), ("reason", "empty_text"), ("task", "sentiment")))] >= 1
+    assert samples[("bertzoo_requests_total", (("code", "OK"), ("protocol", "grpc"), ("task", "sentiment")))] >= 1
+    assert samples[("bertzoo_request_failures_total", (("code", "INVALID_ARGUMENT"), ("protocol", "grpc"),
+                                                       ("reason", "empty_text"), ("task", "sentiment")))] >= 1
     assert samples[("process_resident_memory_bytes", ())] > 0 and ("process_open_fds", ()) in samples
     assert not re.search(r"_created\b", text)  # no timestamp series next to every counter and histogram
 
@@ -207,15 +207,17 @@ def test_every_served_task_is_exported_at_zero_before_its_first_request(tiny_art
     # rate() needs a sample from before the first request: a series that first appears already counting hides it.
     _, artifact = tiny_artifact
     metrics_port = free_port()
-    with ServerThread(serve_config(artifact, metrics_port=metrics_port)):
+    with ServerThread(serve_config(artifact, metrics_port=metrics_port, http_port=free_port())):
         _, samples = scrape(metrics_port)
     served_tasks = (*load_manifest(artifact)["model"]["tasks"], EMBED)
     for task in served_tasks:
-        for name in ("request", "queue", "tokenize", "inference"):
+        for name in ("queue", "tokenize", "inference"):
             assert samples[(f"bertzoo_{name}_seconds_count", (("task", task),))] == 0, (name, task)
-        assert samples[("bertzoo_requests_total", (("code", "OK"), ("task", task)))] == 0, task
+        for protocol in ("grpc", "http"):  # the HTTP routes' series too, where the HTTP port is open
+            assert samples[("bertzoo_request_seconds_count", (("protocol", protocol), ("task", task)))] == 0, task
+            assert samples[("bertzoo_requests_total", (("code", "OK"), ("protocol", protocol), ("task", task)))] == 0
     assert {labels for name, labels in samples if name == "bertzoo_request_seconds_count"} == \
-        {(("task", task),) for task in served_tasks}
+        {(("protocol", protocol), ("task", task)) for task in served_tasks for protocol in ("grpc", "http")}
 
 
 def test_the_largest_allowed_request_passes_and_a_larger_one_is_refused_and_counted(served, tiny_artifact):
@@ -234,8 +236,8 @@ def test_the_largest_allowed_request_passes_and_a_larger_one_is_refused_and_coun
         assert small.sentiment(["short enough"]).results
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as reply:
             text = reply.read().decode()
-    assert re.search(r'^bertzoo_request_failures_total{code="RESOURCE_EXHAUSTED",reason="message_too_large",'
-                     r'task="sentiment"} 1\.0$', text, re.M)
+    assert re.search(r'^bertzoo_request_failures_total{code="RESOURCE_EXHAUSTED",protocol="grpc",'
+                     r'reason="message_too_large",task="sentiment"} 1\.0$', text, re.M)
 
 
 @pytest.fixture(scope="module")

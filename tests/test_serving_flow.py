@@ -104,14 +104,14 @@ def test_a_full_queue_answers_resource_exhausted_at_once(controlled):
     assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "queue is full" in error.value.details()
     assert time.monotonic() - started < 0.5  # refused at once, not after waiting for the model
     assert running_call.result().results and all(call.result().results for call in queued)
-    assert sample(running, "bertzoo_request_failures_total", task="sentiment", code="RESOURCE_EXHAUSTED",
+    assert sample(running, "bertzoo_request_failures_total", protocol="grpc", task="sentiment", code="RESOURCE_EXHAUSTED",
                   reason="queue_full") >= 1
 
 
 def test_a_request_past_its_deadline_is_dropped_before_compute(controlled):
     running, client, backend = controlled
     backend.delay = 1.5
-    before = sample(running, "bertzoo_request_failures_total", task="sentiment", code="DEADLINE_EXCEEDED",
+    before = sample(running, "bertzoo_request_failures_total", protocol="grpc", task="sentiment", code="DEADLINE_EXCEEDED",
                     reason="deadline")
     first = client.stub.Sentiment.future(request("occupies the model"), timeout=30)
     wait_for(lambda: backend.batch_rows)
@@ -121,8 +121,8 @@ def test_a_request_past_its_deadline_is_dropped_before_compute(controlled):
         client.sentiment(["too late"], timeout=0.6)
     assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     first.result()
-    wait_for(lambda: sample(running, "bertzoo_request_failures_total", task="sentiment", code="DEADLINE_EXCEEDED",
-                            reason="deadline") == before + 1)
+    wait_for(lambda: sample(running, "bertzoo_request_failures_total", protocol="grpc", task="sentiment",
+                            code="DEADLINE_EXCEEDED", reason="deadline") == before + 1)
     time.sleep(0.05)
     assert backend.batch_rows == [1]  # only the first request ever reached the model
     assert sample(running, "bertzoo_queue_depth", lane="main") == 0
@@ -131,7 +131,8 @@ def test_a_request_past_its_deadline_is_dropped_before_compute(controlled):
 def test_a_cancelled_request_is_dropped_before_compute(controlled):
     running, client, backend = controlled
     backend.delay = 1.0  # ample time to cancel while the first batch runs
-    before = sample(running, "bertzoo_request_failures_total", task="sentiment", code="CANCELLED", reason="cancelled")
+    before = sample(running, "bertzoo_request_failures_total", protocol="grpc", task="sentiment", code="CANCELLED",
+                    reason="cancelled")
     first = client.stub.Sentiment.future(request("occupies the model"), timeout=30)
     wait_for(lambda: backend.batch_rows)
     cancelled = client.stub.Sentiment.future(request("never mind", "me neither"), timeout=30)
@@ -140,7 +141,7 @@ def test_a_cancelled_request_is_dropped_before_compute(controlled):
     # out of the queue before the model is free
     wait_for(lambda: sample(running, "bertzoo_queue_sequences", lane="main") == 0)
     first.result()
-    wait_for(lambda: sample(running, "bertzoo_request_failures_total", task="sentiment", code="CANCELLED",
+    wait_for(lambda: sample(running, "bertzoo_request_failures_total", protocol="grpc", task="sentiment", code="CANCELLED",
                             reason="cancelled") == before + 1)
     assert backend.batch_rows == [1]
 
@@ -153,7 +154,8 @@ def test_a_backend_failure_fails_only_its_batch_with_internal(controlled):
     assert error.value.code() == grpc.StatusCode.INTERNAL
     assert "the model failed on this request's batch" in error.value.details()
     assert client.paraphrase([("a", "b")]).results and client.health() == "SERVING"
-    assert sample(running, "bertzoo_request_failures_total", task="paraphrase", code="INTERNAL", reason="backend") == 1
+    assert sample(running, "bertzoo_request_failures_total", protocol="grpc", task="paraphrase", code="INTERNAL",
+                  reason="backend") == 1
 
 
 def test_short_requests_tokenize_on_the_event_loop_long_ones_on_the_tokenizer_thread(controlled, monkeypatch):

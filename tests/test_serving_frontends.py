@@ -51,7 +51,7 @@ def test_frontends_answer_as_one_process_does_with_one_metrics_view(tiny_artifac
                                                                               "similarity", "qa"]
         text = server.metrics()
         for task in ("sentiment", "paraphrase", "similarity", "qa", "embed"):
-            assert metric(text, "bertzoo_requests_total", task=task, code="OK") == 6
+            assert metric(text, "bertzoo_requests_total", task=task, code="OK", protocol="grpc") == 6
         assert metric(text, "bertzoo_batch_size_count") >= 30  # counted in the engine process
         assert metric(text, "bertzoo_ready") == 1
         assert metric(text, "process_cpu_seconds_total") > 0
@@ -137,7 +137,8 @@ def test_many_concurrent_calls_each_get_their_own_answer(tiny_artifact):
         for client in clients:
             client.close()
         assert len(got) == 8 * 60 and all(label == expected[text] for text, label in got)
-        assert metric(server.metrics(), "bertzoo_requests_total", task="sentiment", code="OK") == 8 * 60
+        assert metric(server.metrics(), "bertzoo_requests_total", task="sentiment", code="OK",
+                      protocol="grpc") == 8 * 60
 
 
 def test_long_requests_keep_their_lane_through_the_engine(tiny_artifact):

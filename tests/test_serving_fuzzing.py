@@ -70,7 +70,8 @@ def test_malformed_health_checks_are_invalid_argument_without_a_traceback(tiny_a
             assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert client.health() == "SERVING"
         assert running.metrics.registry.get_sample_value(
-            "bertzoo_request_failures_total", {"task": "health", "code": "INVALID_ARGUMENT", "reason": "malformed"}) == 20
+            "bertzoo_request_failures_total",
+            {"task": "health", "code": "INVALID_ARGUMENT", "reason": "malformed", "protocol": "grpc"}) == 20
     assert not [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
 
 

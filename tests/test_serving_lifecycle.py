@@ -50,7 +50,7 @@ def test_tls_with_a_bearer_token_and_open_health_checks(tiny_artifact, tmp_path)
             assert error.value.code() == grpc.StatusCode.UNAVAILABLE
         assert running.metrics.registry.get_sample_value(
             "bertzoo_request_failures_total",
-            {"task": "model_info", "code": "UNAUTHENTICATED", "reason": "unauthenticated"}) == 2
+            {"task": "model_info", "code": "UNAUTHENTICATED", "reason": "unauthenticated", "protocol": "grpc"}) == 2
 
 
 def test_not_serving_and_unavailable_until_the_model_is_loaded(tiny_artifact):
@@ -118,7 +118,8 @@ def test_calls_cut_when_the_shutdown_grace_runs_out_are_counted(tiny_artifact, c
                     call.result()
                 assert cut.value.code() == grpc.StatusCode.UNAVAILABLE  # what the log and the metrics say
     assert running.metrics.registry.get_sample_value(
-        "bertzoo_request_failures_total", {"task": "sentiment", "code": "UNAVAILABLE", "reason": "shutdown"}) == 5
+        "bertzoo_request_failures_total",
+        {"task": "sentiment", "code": "UNAVAILABLE", "reason": "shutdown", "protocol": "grpc"}) == 5
     assert any("5 calls still running when the 0.3 s grace ran out were cut (UNAVAILABLE" in r.getMessage()
                for r in caplog.records)
 

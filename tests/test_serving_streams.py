@@ -76,7 +76,8 @@ def test_a_failed_request_is_answered_in_its_place_and_the_stream_goes_on(served
     requests = [pb2.SentimentRequest(texts=["fine"]), pb2.SentimentRequest(texts=["fine", "   "]),
                 pb2.SentimentRequest(texts=[]), pb2.SentimentRequest(texts=["still fine"])]
     before = running.metrics.registry.get_sample_value(
-        "bertzoo_request_failures_total", {"task": "sentiment", "code": "INVALID_ARGUMENT", "reason": "empty_text"}) or 0
+        "bertzoo_request_failures_total",
+        {"task": "sentiment", "code": "INVALID_ARGUMENT", "reason": "empty_text", "protocol": "grpc"}) or 0
     streamed = answers(client, "Sentiment", requests)
     assert [m.WhichOneof("result") for m in streamed] == ["response", "error", "error", "response"]
     # the same code and message as the unary RPC's status
@@ -86,7 +87,7 @@ def test_a_failed_request_is_answered_in_its_place_and_the_stream_goes_on(served
     # each request of a stream is counted as a request of its task
     assert running.metrics.registry.get_sample_value(
         "bertzoo_request_failures_total",
-        {"task": "sentiment", "code": "INVALID_ARGUMENT", "reason": "empty_text"}) == before + 1
+        {"task": "sentiment", "code": "INVALID_ARGUMENT", "reason": "empty_text", "protocol": "grpc"}) == before + 1
 
 
 def test_a_malformed_message_ends_the_stream_with_invalid_argument_without_a_traceback(served, caplog):
@@ -103,7 +104,8 @@ def test_a_malformed_message_ends_the_stream_with_invalid_argument_without_a_tra
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "not a valid message" in error.value.details()
     assert running.metrics.registry.get_sample_value(
-        "bertzoo_request_failures_total", {"task": "embed", "code": "INVALID_ARGUMENT", "reason": "malformed"}) == 1
+        "bertzoo_request_failures_total",
+        {"task": "embed", "code": "INVALID_ARGUMENT", "reason": "malformed", "protocol": "grpc"}) == 1
     assert not [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
     assert client.embed(["the server goes on"]).dimensions > 0
 
@@ -307,7 +309,7 @@ def test_stream_all_carries_on_on_another_replica_when_its_replica_drains(tiny_a
 
     def served(replica: ServerThread) -> float:
         return replica.metrics.registry.get_sample_value(
-            "bertzoo_requests_total", {"task": "sentiment", "code": "OK"}) or 0.0
+            "bertzoo_requests_total", {"task": "sentiment", "code": "OK", "protocol": "grpc"}) or 0.0
 
     try:
         consumer = threading.Thread(target=consume, daemon=True)
