@@ -142,6 +142,18 @@ def scrape_metrics(port: int) -> dict[str, float]:
     return values
 
 
+def series_sum(values: dict[str, float], name: str, **labels: str) -> float:
+    """The sum of ``name``'s series (from :func:`scrape_metrics`) whose labels include ``labels``: e.g. a task's
+    request latency over both protocols, or the batches of both lanes."""
+    wanted = {f'{k}="{v}"' for k, v in labels.items()}
+    total = 0.0
+    for key, value in values.items():
+        series, _, rest = key.partition("{")
+        if series == name and wanted <= set(rest.rstrip("}").split(",")):
+            total += value
+    return total
+
+
 @contextlib.contextmanager
 def steady_calls(target: str, clients: int) -> Iterator[None]:
     """``clients`` clients, each on a connection of its own (as many client processes would have: channels of one

@@ -34,7 +34,7 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from processes import free_port, scrape_metrics, start_bertzoo, stat_cpu_seconds, stop
+from processes import free_port, scrape_metrics, series_sum, start_bertzoo, stat_cpu_seconds, stop
 from timing import machine
 
 from bertzoo.serving.load import load_items, run_load
@@ -136,11 +136,10 @@ def main() -> None:
         stages[stage] = stages.get(stage, 0.0) + c
     requests = load["ok"]
     delta = {k: metrics_after.get(k, 0.0) - metrics_before.get(k, 0.0) for k in metrics_after}
-    task = f'task="{args.task}"'
-    wall_ms = {name: 1000 * delta.get(f"bertzoo_{name}_seconds_sum{{{task}}}", 0.0)
-               / max(delta.get(f"bertzoo_{name}_seconds_count{{{task}}}", 0.0), 1.0)
+    wall_ms = {name: 1000 * series_sum(delta, f"bertzoo_{name}_seconds_sum", task=args.task)
+               / max(series_sum(delta, f"bertzoo_{name}_seconds_count", task=args.task), 1.0)
                for name in ("queue", "tokenize", "inference", "request")}
-    batches = max(delta.get("bertzoo_batch_size_count", 0.0), 1.0)
+    batches = max(series_sum(delta, "bertzoo_batch_size_count"), 1.0)
     results = {**machine(), "variant": args.variant, "instances": args.instances, "task": args.task, "stream": args.stream,
                "concurrency": args.concurrency,
                "load": load, "server_cpu_s": sum(c for _, c in cpu.values()), "wall_s": wall,
@@ -148,9 +147,9 @@ def main() -> None:
                "threads_cpu_s": {f"{name} ({'python: ' + py_tids[tid] if tid in py_tids else 'native'})": c
                                  for tid, (name, c) in sorted(cpu.items(), key=lambda x: -x[1][1]) if c > 0.05},
                "wall_ms_per_request": wall_ms,
-               "mean_batch_rows": delta.get("bertzoo_batch_size_sum", 0.0) / batches,
-               "mean_padded_tokens_per_row": delta.get("bertzoo_batch_tokens_sum", 0.0)
-               / max(delta.get("bertzoo_batch_size_sum", 0.0), 1.0),
+               "mean_batch_rows": series_sum(delta, "bertzoo_batch_size_sum") / batches,
+               "mean_padded_tokens_per_row": series_sum(delta, "bertzoo_batch_tokens_sum")
+               / max(series_sum(delta, "bertzoo_batch_size_sum"), 1.0),
                "profile_samples": total_samples}
     print(f"{args.variant} {args.task}, --instances {args.instances}, {args.concurrency} clients: "
           f"{load['items_per_s']:.1f} requests/s, p50 {load['p50_ms']:.1f} ms, p99 {load['p99_ms']:.1f} ms; "

@@ -95,12 +95,14 @@ class Batcher:
         self.lane = lane
         self._queue_depth = metrics.queue_depth.labels(lane)
         self._queue_sequences = metrics.queue_sequences.labels(lane)
+        self._batch_seconds = metrics.batch_seconds.labels(lane)
+        self._batch_size = metrics.batch_size.labels(lane)
+        self._batch_tokens = metrics.batch_tokens.labels(lane)
         self._gauges_due = False
         metrics.queue_limit.labels(lane).set(settings.max_queue)
         self._bucket_for = bucket_for
         self._pad_id = pad_id
         self._settings = settings
-        self._metrics = metrics
         self._queues: dict[int, deque[_Item]] = {}
         self._bucket_rows: dict[int, int] = {}
         self._waiting_jobs = 0
@@ -393,9 +395,9 @@ class Batcher:
             else:
                 outputs, started, ended = outcome
                 self._deliver(batch, outputs, started, ended)
-                self._metrics.batch_seconds.observe(ended - started)
-                self._metrics.batch_size.observe(batch.rows)
-                self._metrics.batch_tokens.observe(batch.inputs["input_ids"].size)
+                self._batch_seconds.observe(ended - started)
+                self._batch_size.observe(batch.rows)
+                self._batch_tokens.observe(batch.inputs["input_ids"].size)
         finally:
             self._in_flight -= 1
             self._wake.set()

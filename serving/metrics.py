@@ -65,13 +65,13 @@ class Metrics:
         self.queue_seconds = seconds("queue", "Wait in the batcher queue until the request's first model pass.")
         self.tokenize_seconds = seconds("tokenize", "Validation and tokenization per request.")
         self.inference_seconds = seconds("inference", "First model pass start to last model pass end, per request.")
-        self.batch_seconds = Histogram("bertzoo_batch_seconds", "Encoder and heads time per batch.",
-                                       buckets=LATENCY_BUCKETS, registry=r)
-        self.batch_size = Histogram("bertzoo_batch_size", "Sequences (encoder rows) per batch.",
-                                    buckets=BATCH_SIZE_BUCKETS, registry=r)
-        self.batch_tokens = Histogram("bertzoo_batch_tokens", "Padded tokens (rows x bucket length) per batch.",
-                                      buckets=BATCH_TOKEN_BUCKETS, registry=r)
         # lane: "main", or "long" for requests over --long-request-tokens (serving/batcher.py)
+        self.batch_seconds = Histogram("bertzoo_batch_seconds", "Encoder and heads time per batch, by lane.",
+                                       ["lane"], buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram("bertzoo_batch_size", "Sequences (encoder rows) per batch, by lane.",
+                                    ["lane"], buckets=BATCH_SIZE_BUCKETS, registry=r)
+        self.batch_tokens = Histogram("bertzoo_batch_tokens", "Padded tokens (rows x bucket length) per batch, by "
+                                      "lane.", ["lane"], buckets=BATCH_TOKEN_BUCKETS, registry=r)
         self.queue_depth = Gauge("bertzoo_queue_depth", "Requests waiting in a batcher queue, by lane.", ["lane"],
                                  registry=r, multiprocess_mode="livesum")
         self.queue_sequences = Gauge("bertzoo_queue_sequences", "Sequences waiting in a batcher queue, by lane.",

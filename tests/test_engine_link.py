@@ -98,7 +98,7 @@ def test_a_call_cancelled_in_the_turn_of_its_submit_never_reaches_the_engine(tin
         lanes.main.add = lambda job: submitted.append(job) or add(job)
 
         def seen() -> tuple[int, float]:
-            return len(submitted), metrics.registry.get_sample_value("bertzoo_batch_size_count") or 0.0
+            return len(submitted), metrics.registry.get_sample_value("bertzoo_batch_size_count", {"lane": "main"}) or 0.0
 
         counts = [seen()]
         front.main.submit(work, 5.0).future.cancel()

@@ -66,11 +66,12 @@ def request(*texts: str) -> pb2.SentimentRequest:
 def test_concurrent_requests_share_encoder_batches(controlled):
     running, client, backend = controlled
     backend.delay = 0.05
-    batches_before, rows_before = sample(running, "bertzoo_batch_size_count"), sample(running, "bertzoo_batch_size_sum")
+    batches_before = sample(running, "bertzoo_batch_size_count", lane="main")
+    rows_before = sample(running, "bertzoo_batch_size_sum", lane="main")
     calls = [client.stub.Sentiment.future(request(f"sentence {i}", f"another {i}"), timeout=30) for i in range(5)]
     assert all(len(call.result().results) == 2 for call in calls)
-    batches = sample(running, "bertzoo_batch_size_count") - batches_before
-    assert sample(running, "bertzoo_batch_size_sum") - rows_before == 10  # every sentence encoded once
+    batches = sample(running, "bertzoo_batch_size_count", lane="main") - batches_before
+    assert sample(running, "bertzoo_batch_size_sum", lane="main") - rows_before == 10  # every sentence encoded once
     assert batches < 5 and len(backend.batch_rows) == batches and max(backend.batch_rows) > 2
 
 

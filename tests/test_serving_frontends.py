@@ -52,7 +52,7 @@ def test_frontends_answer_as_one_process_does_with_one_metrics_view(tiny_artifac
         text = server.metrics()
         for task in ("sentiment", "paraphrase", "similarity", "qa", "embed"):
             assert metric(text, "bertzoo_requests_total", task=task, code="OK", protocol="grpc") == 6
-        assert metric(text, "bertzoo_batch_size_count") >= 30  # counted in the engine process
+        assert metric(text, "bertzoo_batch_size_count", lane="main") >= 30  # counted in the engine process
         assert metric(text, "bertzoo_ready") == 1
         assert metric(text, "process_cpu_seconds_total") > 0
         assert "pid=" not in text  # every gauge combined over the processes, as one process shows it
@@ -106,7 +106,7 @@ def test_deadlines_cancellation_and_queue_full_reach_the_engine(tiny_artifact):
             time.sleep(0.3)
             cancelled.cancel()
             time.sleep(2.0)  # past the queue delay: a batch would have run by now
-            assert metric(server.metrics(), "bertzoo_batch_size_count") == 0  # neither reached the model
+            assert metric(server.metrics(), "bertzoo_batch_size_count", lane="main") == 0  # neither reached the model
             waiting = client.stub.Sentiment.future(pb2.SentimentRequest(texts=["waits"]), timeout=30)
             time.sleep(0.3)
             started = time.perf_counter()
@@ -148,10 +148,14 @@ def test_long_requests_keep_their_lane_through_the_engine(tiny_artifact):
         server.wait_ready()
         with BertzooClient(server.target) as client:
             assert len(client.qa([("what does it tell of?", context)]).results) == 1
+            long_batches = metric(server.metrics(), "bertzoo_batch_size_count", lane="long")
             assert len(client.sentiment(["short"]).results) == 1
         text = server.metrics()
-    assert metric(text, "bertzoo_queue_limit", lane="long") > 0
-    assert metric(text, "bertzoo_batch_size_count") >= 3  # the long request's windows ran in several batches
+    # Where each request's batches ran: the long one's windows on the long lane, in several batches; the short one
+    # on the main lane, and nothing more on the long one.
+    assert long_batches >= 2  # its windows outgrow one long-lane batch (2,048 tokens)
+    assert metric(text, "bertzoo_batch_size_count", lane="long") == long_batches
+    assert metric(text, "bertzoo_batch_size_count", lane="main") == 1
 
 
 def test_a_dead_front_end_is_replaced_and_our_client_retries_its_calls(tiny_artifact):
