@@ -25,6 +25,9 @@
 #                 engine on CUDA fed hops straight over its socket, 1 and 12 front ends played, against its in-process
 #                 ceiling: whether the engine process or the front ends hold the served rate back; at most S s (200);
 #                 then the front-end probe's engine alone, against the ~4,900/s the probe server reached at N = 4-12
+#   replicas [S]  (.gpu/serve/pkg, .gpu/serve/p1) engine replicas: `--engines` 1, 2, 4 at 8 front ends under h2load,
+#                 one sentence a request, then requests of 32 sentences (Embed and Sentiment) at each count, against
+#                 the in-process ceiling; at most S s (default 470: ~9 rows of ~35 s and the ceiling)
 #   piece p2 .. p5  (.gpu/serve/pN) onnxruntime-gpu's pieces; the benchmark's log so far
 #   finish [S]    (.gpu/serve/p6) the last piece, OpenVINO and the dev sets; waits at most S s (default 400) for the
 #                 benchmark; gpu_check.py's ONNX Runtime rows (fp32 parity with use_tf32=0); OpenVINO (bf16 where the
@@ -124,6 +127,12 @@ engine)
     --data $S/data/ids-sst-dev.csv --per-hop 1 8 --peers 1 12 --window 256 --seconds 8 --json "$OUT/engine_hops.json"
    timeout 90 python3 engine_hops.py --probe $S/probe --data $S/data/ids-sst-dev.csv --per-hop 1 --peers 1 12 \
     --seconds 8 --json "$OUT/engine_hops_probe.json")
+  ;;
+replicas)
+  install
+  (cd $S/bench && timeout "${2:-470}" python3 serve_frontends.py --probe $S/probe --run $S/run --skip-probe --skip-lone \
+    --data $S/data/ids-sst-dev.csv --frontends 8 --gpu-engines 1 2 4 --gpu-per-request 32 --seconds 10 \
+    --skip-variants --json "$OUT/replicas.json")
   ;;
 piece)
   cat $G/$2/ort.* >> $S/ort.whl; ls -la $S/ort.whl; progress

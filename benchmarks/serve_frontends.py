@@ -17,7 +17,9 @@
 4. With --run (a `bertzoo train` checkpoint) on a GPU: the torch engine on CUDA (fp16, CUDA graphs) served at each N
    of --frontends under --gpu-concurrency connections, against that engine's in-process ceiling on the same sentences
    (gpu_check.cuda_ceiling); then a lone request (benchmarks/lone_request.py) with N = 1 and with `auto`, of one SST
-   sentence and of one 128-token text. Runs first, before the probe.
+   sentence and of one 128-token text; with --gpu-engines, engine replicas (``--engines``) at the largest N, and
+   with --gpu-per-request, requests of that many sentences (Embed and Sentiment) at each replica count. Runs first,
+   before the probe.
 
 Every answer is checked OK on the server's own counters (serve_h2load.serve_once's rule).
 """
@@ -33,7 +35,17 @@ import time
 from pathlib import Path
 
 from processes import free_port, start_bertzoo, stat_cpu_seconds, stop
-from serve_h2load import RPC, grpc_bodies, h2load, infinity_h2load_rows, ok_answers, quantile_sentences, quantiles_by_length
+from serve_h2load import (
+    RPC,
+    grpc_bodies,
+    h2load,
+    infinity_h2load_rows,
+    ok_answers,
+    per_sentence,
+    quantile_sentences,
+    quantiles_by_length,
+    request_texts,
+)
 from served_variants import VARIANTS, in_process_ceiling
 from timing import machine
 
@@ -76,22 +88,25 @@ def cpu_by_role(pid: int) -> dict[str, float]:
     children = Path(f"/proc/{pid}/task/{pid}/children")
     for child in children.read_text().split() if children.exists() else []:
         name = process_name(int(child))
-        role = "engine" if name == "bertzoo-engine" else "frontends" if name.startswith("bertzoo-fe-") else None
+        role = "engine" if name.startswith("bertzoo-engine") else "frontends" if name.startswith("bertzoo-fe-") else None
         if role is not None:
             roles[role] += stat_cpu_seconds(Path(f"/proc/{child}/stat"))
     return roles
 
 
 def served(artifact: str, flags: list[str], sentences: list[str], args: argparse.Namespace, workdir: Path,
-           task: str = "sentiment") -> dict:
-    """A fresh server with ``flags`` under h2load: requests/s, CPU per request by role, every answer OK."""
+           task: str = "sentiment", per_request: int = 1) -> dict:
+    """A fresh server with ``flags`` under h2load, ``per_request`` sentences a request: sentences/s (``items_per_s``)
+    and requests/s, CPU per request by role, every answer OK."""
     port, metrics_port = free_port(), free_port()
     process = start_bertzoo(artifact, port, *flags, metrics_port=metrics_port)
     try:
         time.sleep(1.0)  # every front end has turned SERVING (start_bertzoo returns at the first answer)
         before, cpu0, t0 = ok_answers(metrics_port, task), cpu_by_role(process.pid), time.perf_counter()
-        summary = h2load(f"http://127.0.0.1:{port}/bertzoo.v1.Bertzoo/{RPC[task][0]}", grpc_bodies(task, sentences),
-                         ["content-type: application/grpc", "te: trailers"], args.concurrency, args.seconds, workdir)
+        summary = per_sentence(h2load(f"http://127.0.0.1:{port}/bertzoo.v1.Bertzoo/{RPC[task][0]}",
+                                      grpc_bodies(task, request_texts(sentences, per_request)),
+                                      ["content-type: application/grpc", "te: trailers"], args.concurrency,
+                                      args.seconds, workdir), per_request)
         wall, cpu1, after = time.perf_counter() - t0, cpu_by_role(process.pid), ok_answers(metrics_port, task)
     finally:
         stop(process)
@@ -125,6 +140,17 @@ def gpu_rows(args: argparse.Namespace, texts: list[str], workdir: Path) -> dict:
         row = served(args.run, [*engine, "--frontends", str(n)], sentences, load, workdir)
         out["rows"].append({"frontends": n, **row})
         print(line(f"torch CUDA, frontends {n}", row, ceiling), flush=True)
+    # Engine replicas at the largest N, one sentence a request; then requests of --gpu-per-request sentences (Embed
+    # and Sentiment) at each replica count, at --concurrency connections; rates in sentences/s against the ceiling.
+    n, out["replica_rows"] = max(args.frontends), []
+    for engines in args.gpu_engines:
+        tries = [("sentiment", 1)] if engines > 1 else []
+        tries += [(task, per) for per in args.gpu_per_request for task in ("embed", "sentiment")]
+        for task, per in tries:
+            flags = [*engine, "--frontends", str(n), "--engines", str(engines)]
+            row = served(args.run, flags, sentences, load if per == 1 else args, workdir, task, per)
+            out["replica_rows"].append({"frontends": n, "engines": engines, "task": task, **row})
+            print(line(f"torch CUDA, {n} front ends, {engines} engines, {task} x{per}", row, ceiling), flush=True)
     s128 = " ".join(texts[:40])[:2000]  # cut to the model's 128 tokens by the server, as in gpu_check.served
     for name, flags in () if args.skip_lone else (("frontends 1", ["--frontends", "1"]), ("auto", [])):
         for label, lone_texts in (("one sentence", texts[:400]), ("s128", [s128] * 400)):
@@ -164,6 +190,10 @@ def main() -> None:
     parser.add_argument("--run", default=None, help="part 4, on a GPU: a `bertzoo train` checkpoint")
     parser.add_argument("--gpu-concurrency", type=int, default=128, help="part 4's h2load connections")
     parser.add_argument("--skip-lone", action="store_true", help="part 4 without its lone requests")
+    parser.add_argument("--gpu-engines", nargs="+", type=int, default=[], help="part 4: --engines counts to serve "
+                        "at the largest --frontends (1 is the rows above)")
+    parser.add_argument("--gpu-per-request", nargs="+", type=int, default=[],
+                        help="part 4: requests of this many sentences at each --gpu-engines count")
     parser.add_argument("--skip-probe", action="store_true", help="leave out part 1 (the probe)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()

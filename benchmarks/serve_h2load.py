@@ -3,15 +3,17 @@ the same sentences, side by side. On 2 shared cores whatever the client burns th
 much of the gap to the in-process ceiling that is (RESULTS.md: a few percent at most).
 
     python benchmarks/serve_h2load.py ARTIFACT --data ../shared/data/ids-sst-dev.csv [--variants int8 fp32] \
-        [--generators h2load h2load-http python] [--infinity VENV --infinity-models MODELS] [-- --instances 2]
+        [--generators h2load h2load-http python] [--per-request 32] [--infinity VENV --infinity-models MODELS] \
+        [-- --instances 2]
         # after --: flags for `bertzoo serve`; h2load-http: the same load over HTTP/1.1 (--http-port's routes)
 
-h2load sends one fixed body per process, so the load is --groups h2load processes, each with its own sentence (the
-SST dev sentences at evenly spaced quantiles of token length) and concurrency / groups connections of one stream each;
-the Python client and the in-process ceiling get the same sentences, equally often. h2load counts an HTTP 200 as a
-success even when gRPC fails in the trailers, so the server's own bertzoo_requests_total is read before and after
-and every answer must be OK (but the calls in flight when the load stops, which are CANCELLED). Needs `h2load`
-(Debian: apt-get install nghttp2-client).
+h2load sends one fixed body per process, so the load is --groups h2load processes, each with its own sentence (the SST
+dev sentences at evenly spaced quantiles of token length) and concurrency / groups connections of one stream each; the
+Python client and the in-process ceiling get the same sentences, equally often. With ``--per-request K`` each h2load
+body carries K sentences (its group's first, then the next groups' in turn) and rates count sentences. h2load counts
+an HTTP 200 as a success even when gRPC fails in the trailers, so the server's own bertzoo_requests_total is read
+before and after and every answer must be OK (but the calls in flight when the load stops, which are CANCELLED). Needs
+`h2load` (Debian: apt-get install nghttp2-client).
 """
 
 from __future__ import annotations
@@ -110,21 +112,32 @@ def with_server_cores(pid: int, load) -> dict:
     return {**summary, "server_cores": (cpu_seconds(pid) - server0) / (time.perf_counter() - t0)}
 
 
-def grpc_bodies(task: str, sentences: list[str]) -> list[bytes]:
-    """One request of one sentence each, as gRPC frames it: a 0 byte, the length (4 bytes, big-endian), the message."""
+def request_texts(sentences: list[str], per_request: int) -> list[list[str]]:
+    """One request's texts per group: ``per_request`` sentences, group g's own first, then the next groups' in turn."""
+    return [[sentences[(g + i) % len(sentences)] for i in range(per_request)] for g in range(len(sentences))]
+
+
+def grpc_bodies(task: str, requests: list[list[str]]) -> list[bytes]:
+    """One request per group, as gRPC frames it: a 0 byte, the length (4 bytes, big-endian), the message."""
     bodies = []
-    for sentence in sentences:
-        message = RPC[task][1](texts=[sentence]).SerializeToString()
+    for texts in requests:
+        message = RPC[task][1](texts=texts).SerializeToString()
         bodies.append(b"\x00" + struct.pack(">I", len(message)) + message)
     return bodies
 
 
-def http_bodies(task: str, sentences: list[str]) -> tuple[str, list[bytes]]:
-    """The HTTP route and one JSON body per sentence: OpenAI's /v1/embeddings (the body infinity-emb gets) for
+def http_bodies(task: str, requests: list[list[str]]) -> tuple[str, list[bytes]]:
+    """The HTTP route and one JSON body per group: OpenAI's /v1/embeddings (the body infinity-emb gets) for
     embed, the RPC's own route otherwise."""
     if task == "embed":
-        return "/v1/embeddings", [json.dumps({"model": "bertzoo", "input": [s]}).encode() for s in sentences]
-    return f"/{task}", [json.dumps({"texts": [s]}).encode() for s in sentences]
+        return "/v1/embeddings", [json.dumps({"model": "bertzoo", "input": texts}).encode() for texts in requests]
+    return f"/{task}", [json.dumps({"texts": texts}).encode() for texts in requests]
+
+
+def per_sentence(summary: dict, per_request: int) -> dict:
+    """h2load's summary with its rate in sentences (``items_per_s``) beside requests."""
+    return {**summary, "requests_per_s": summary["items_per_s"], "items_per_s": summary["items_per_s"] * per_request,
+            "sentences_per_request": per_request}
 
 
 def serve_once(args: argparse.Namespace, variant: str, task: str, generator: str, sentences: list[str],
@@ -136,15 +149,17 @@ def serve_once(args: argparse.Namespace, variant: str, task: str, generator: str
                             str(http_port), metrics_port=metrics_port)
     try:
         before = ok_answers(metrics_port, task)
+        requests = request_texts(sentences, args.per_request)
         if generator == "h2load":
-            summary = with_server_cores(process.pid, partial(
-                h2load, f"http://127.0.0.1:{port}/bertzoo.v1.Bertzoo/{RPC[task][0]}", grpc_bodies(task, sentences),
-                ["content-type: application/grpc", "te: trailers"], args.concurrency, args.seconds, workdir))
+            summary = per_sentence(with_server_cores(process.pid, partial(
+                h2load, f"http://127.0.0.1:{port}/bertzoo.v1.Bertzoo/{RPC[task][0]}", grpc_bodies(task, requests),
+                ["content-type: application/grpc", "te: trailers"], args.concurrency, args.seconds, workdir)),
+                args.per_request)
         elif generator == "h2load-http":
-            route, bodies = http_bodies(task, sentences)
-            summary = with_server_cores(process.pid, partial(
+            route, bodies = http_bodies(task, requests)
+            summary = per_sentence(with_server_cores(process.pid, partial(
                 h2load, f"http://127.0.0.1:{http_port}{route}", bodies, ["content-type: application/json"],
-                args.concurrency, args.seconds, workdir, http1=True))
+                args.concurrency, args.seconds, workdir, http1=True)), args.per_request)
         else:
             summary = measured_load(process.pid, lambda: closed_loop(port, task, repeated, args.concurrency,
                                                                      args.seconds))
@@ -158,16 +173,18 @@ def serve_once(args: argparse.Namespace, variant: str, task: str, generator: str
     return {**summary, "server_answers": codes}
 
 
-def infinity_h2load_rows(args: argparse.Namespace, sentences: list[str], workdir: Path) -> dict:
-    """infinity-emb at each CPU engine under h2load over HTTP/1.1: its /embeddings with one sentence per request."""
+def infinity_h2load_rows(args: argparse.Namespace, sentences: list[str], workdir: Path, per_request: int = 1) -> dict:
+    """infinity-emb at each CPU engine under h2load over HTTP/1.1: its /embeddings, ``per_request`` sentences a
+    request."""
     rows = {}
     for name, (engine, folder) in INFINITY_ENGINES.items():
         process, port, model = start_infinity(args.infinity, args.infinity_models, engine, folder)
         try:
-            bodies = [json.dumps({"model": model, "input": [s]}).encode() for s in sentences]
-            rows[name] = with_server_cores(process.pid, partial(
+            bodies = [json.dumps({"model": model, "input": texts}).encode()
+                      for texts in request_texts(sentences, per_request)]
+            rows[name] = per_sentence(with_server_cores(process.pid, partial(
                 h2load, f"http://127.0.0.1:{port}/embeddings", bodies, ["content-type: application/json"],
-                args.concurrency, args.seconds, workdir, http1=True))
+                args.concurrency, args.seconds, workdir, http1=True)), per_request)
         finally:
             stop(process)
         print(f"{name:55} h2load {rows[name]['items_per_s']:7.1f}/s; server {rows[name]['server_cores']:.2f} cores, "
@@ -185,6 +202,8 @@ def main() -> None:
                         choices=["h2load", "h2load-http", "python"],
                         help="h2load over gRPC, h2load over HTTP/1.1 (--http-port's routes), our Python gRPC client")
     parser.add_argument("--groups", type=int, default=8)
+    parser.add_argument("--per-request", type=int, default=1, help="sentences per h2load request (rates count "
+                        "sentences); above 1, h2load generators only")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--seconds", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2, help="the in-process ceiling's threads (the machine's cores)")
@@ -196,11 +215,14 @@ def main() -> None:
     split = argv.index("--") if "--" in argv else len(argv)  # after --: more `bertzoo serve` flags
     args = parser.parse_args(argv[:split])
     args.serve_flags = argv[split + 1:]
+    if args.per_request > 1 and "python" in args.generators:
+        parser.error("--per-request above 1 is for the h2load generators: leave python out of --generators")
     if shutil.which("h2load") is None:
         sys.exit("h2load not found: apt-get install nghttp2-client")
     sentences = quantile_sentences(args.artifact, load_items("sentiment", args.data), args.groups)
     repeated = sentences * (1100 // len(sentences))  # about the dev set's size, each sentence equally often
-    results = {"machine": machine(), "sentences": sentences, "rows": []}
+    results = {"machine": machine(), "sentences": sentences, "per_request": args.per_request,
+               "serve_flags": args.serve_flags, "rows": []}
     print(json.dumps(results["machine"]))
     with tempfile.TemporaryDirectory() as tmp:
         for variant in args.variants:
@@ -217,10 +239,11 @@ def main() -> None:
                           flush=True)
                 results["rows"].append(row)
         if args.infinity:
-            results["infinity"] = {"h2load": infinity_h2load_rows(args, sentences, Path(tmp)),
-                                   "python": infinity_rows(args.infinity, args.infinity_models, repeated,
-                                                           args.concurrency, args.seconds)}
-            for name, row in results["infinity"]["python"].items():
+            results["infinity"] = {"h2load": infinity_h2load_rows(args, sentences, Path(tmp), args.per_request)}
+            if "python" in args.generators:
+                results["infinity"]["python"] = infinity_rows(args.infinity, args.infinity_models, repeated,
+                                                              args.concurrency, args.seconds)
+            for name, row in results["infinity"].get("python", {}).items():
                 print(f"{name:55} python {row['items_per_s']:7.1f}/s; server {row['server_cores']:.2f} cores, "
                       f"load generator {row['load_generator_cores']:.2f}", flush=True)
     if args.json:

@@ -68,6 +68,9 @@ def _serve_option(*decls: str, name: str, **kwargs):
                help="Processes doing gRPC, tokenization and post-processing in front of one engine process; 1: one "
                     "process for everything. auto: on the CPU (--threads or the cores) // 8, at least 1; on a GPU half "
                     "the cores, at most 8.")
+@_serve_option("--engines", name="engines", type=str, default="auto",
+               help="Engine processes (replicas of the model) behind the front ends, each request to the one with the "
+                    "fewest outstanding; auto: 2 on a GPU, 1 on the CPU (where --instances share the cores instead).")
 @_serve_option("--instances", name="instances", type=str, default="auto",
                help="Engine instances running batches side by side (CPU engines), the --threads shared out among "
                     "them; auto: one per core up to 4 cores, one per 2 cores above (at most 8); 1 on a GPU.")
@@ -162,7 +165,7 @@ def serve(auth_token_file: str | None, max_batch_size: int, max_batch_tokens: in
     except ValueError as e:
         raise click.UsageError(str(e)) from e
     try:
-        if config.frontends == 1:
+        if config.frontends == 1 and config.engines == 1:
             run_serve(config)
         elif code := run_with_frontends(config):
             sys.exit(code)
@@ -171,8 +174,8 @@ def serve(auth_token_file: str | None, max_batch_size: int, max_batch_tokens: in
 
 
 def _resolve_auto(options: dict, retune: bool = False) -> None:
-    """Replace each ``auto`` of --backend, --variant, --instances and --frontends by what it means on this machine and
-    artifact (on the CPU, the engine by measurement: bertzoo.serving.engine_choice; the rest by
+    """Replace each ``auto`` of --backend, --variant, --instances, --frontends and --engines by what it means on this
+    machine and artifact (on the CPU, the engine by measurement: bertzoo.serving.engine_choice; the rest by
     bertzoo.serving.machine_defaults), and log the choice; a number must be a positive count."""
     import logging
 
@@ -181,7 +184,7 @@ def _resolve_auto(options: dict, retune: bool = False) -> None:
 
     log = logging.getLogger("bertzoo.serving")
     chosen = []
-    for name in ("instances", "frontends"):
+    for name in ("instances", "frontends", "engines"):
         value = options[name]
         if value != "auto" and not (value.isdigit() and int(value) >= 1):
             raise click.BadParameter(f"{value!r} is neither auto nor a count >= 1", param_hint=f"--{name}")
@@ -207,7 +210,8 @@ def _resolve_auto(options: dict, retune: bool = False) -> None:
             options["variant"] = auto.variant(options["model_dir"])
             chosen.append(f"variant {options['variant']}")
     for name, rule in (("instances", lambda: auto.instances(options["backend"], options["device"], options["threads"])),
-                       ("frontends", lambda: auto.frontends(options["device"], options["threads"]))):
+                       ("frontends", lambda: auto.frontends(options["device"], options["threads"])),
+                       ("engines", lambda: auto.engines(options["device"]))):
         value = options[name]
         if value == "auto":
             options[name] = rule()

@@ -75,6 +75,10 @@ class ServeConfig:
     # Front-end processes (gRPC, tokenization, post-processing) in front of one engine process (serving/frontends.py);
     # 1: everything in one process. `bertzoo serve` picks it from the machine (serving/machine_defaults.py).
     frontends: int = 1
+    # Engine processes (replicas), each with the whole model, its batchers and engine instances (on a GPU: its own CUDA
+    # graphs and stream); every front end sends each request to the replica with the fewest requests outstanding.
+    # Above 1, the front ends run in processes of their own even at frontends = 1. `auto`: serving/machine_defaults.py.
+    engines: int = 1
     # Seconds a client connection lives before the server asks it (HTTP/2 GOAWAY) to reconnect, its calls in flight
     # given shutdown_grace (at least 5 s) to finish; gRPC core adds +-10% jitter. New connections spread again: over
     # the front ends of `--frontends` (a restarted one gets its share back) and over replicas behind a TCP balancer.
@@ -139,6 +143,8 @@ class ServeConfig:
             raise ValueError("auth_token is empty; leave it unset to turn authentication off")
         if self.frontends < 1:
             raise ValueError(f"frontends must be >= 1, got {self.frontends}")
+        if self.engines < 1:
+            raise ValueError(f"engines must be >= 1, got {self.engines}")
         if self.max_message_bytes is not None and self.max_message_bytes < 1024:
             raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
         for name in ("max_items", "stream_window", "max_text_chars", "tokenize_threads", "max_request_tokens",

@@ -8,7 +8,8 @@ hop of depths alone reaches every front end whenever a queue turns full or has r
 request at once, before tokenizing it, while the engine's queue is full, with no round trip; the engine still refuses
 what arrives while it is full. If the engine process goes away (its socket disconnects), every waiting request fails
 UNAVAILABLE at once and ``on_engine_lost`` runs (the front end turns NOT_SERVING; the parent process stops the
-server).
+server). With engine replicas (``--engines``) a front end holds one link to each, and :class:`SpreadLane` spreads its
+requests over them.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from . import engine_protocol as protocol
 from .config import ServeConfig
 from .engine import Work
 from .engine_protocol import HopSocket, JobHeader, Kind
-from .errors import QueueFull, Unavailable
+from .errors import QueueFull, ServingError, Unavailable
 from .lanes import Lanes
 
 log = logging.getLogger("bertzoo.serving")
@@ -54,6 +55,55 @@ class RemoteLane:
 
     def submit(self, works: list[Work], timeout: float | None = None) -> RemoteJob:
         return self._link.submit(self.name, works, timeout)
+
+    @property
+    def outstanding(self) -> int:
+        """Requests this front end sent its engine that are not answered yet (both lanes)."""
+        return self._link.outstanding
+
+
+class SpreadLane:
+    """The same lane of every engine replica, as one: each request goes to the replica with the fewest requests
+    outstanding from this front end (the first of equals) among those with room in that lane's queue."""
+
+    def __init__(self, lanes: list[RemoteLane]) -> None:
+        self._lanes = lanes
+
+    def _with_room(self) -> tuple[list[RemoteLane], ServingError | None]:
+        roomy, error = [], None
+        for lane in self._lanes:
+            try:
+                lane.check_room()
+                roomy.append(lane)
+            except ServingError as e:
+                error = e
+        return roomy, error
+
+    def check_room(self) -> None:
+        roomy, error = self._with_room()
+        if not roomy and error is not None:
+            raise error
+
+    def submit(self, works: list[Work], timeout: float | None = None) -> RemoteJob:
+        roomy, error = self._with_room()
+        if not roomy and error is not None:
+            raise error
+        return min(roomy, key=lambda lane: lane.outstanding).submit(works, timeout)
+
+
+async def open_replicas(links: list[EngineLink]) -> Lanes:
+    """Wait for every replica (each answers once loaded and warmed up); their lanes as one. Every replica serves the
+    same model, whose facts and tokenizer the first one's READY gives."""
+    opened = await asyncio.gather(*(link.open() for link in links))
+    if len(opened) == 1:
+        return opened[0]
+
+    async def close() -> None:
+        for lanes in opened:
+            await lanes.close()
+
+    return Lanes(opened[0].spec, opened[0].tokenizer, SpreadLane([lanes.main for lanes in opened]),
+                 SpreadLane([lanes.long for lanes in opened]), close)
 
 
 class EngineLink:
@@ -94,6 +144,10 @@ class EngineLink:
                      RemoteLane(self, "long"), self.close)
 
     # ------------------------------------------------------------------ requests
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._pending)
 
     def check_room(self, lane: str) -> None:
         if self._lost is not None:

@@ -193,9 +193,10 @@ async def run_engine(config: ServeConfig, address: str, control: Connection) -> 
         log.info("engine stopped")
 
 
-def engine_main(config: ServeConfig, address: str, control: Connection, log_levels: dict[str, int]) -> None:
-    """The engine process's entry point (multiprocessing, spawn)."""
-    child_process_setup(log_levels, "bertzoo-engine")
+def engine_main(config: ServeConfig, address: str, control: Connection, log_levels: dict[str, int],
+                name: str = "bertzoo-engine") -> None:
+    """The engine process's entry point (multiprocessing, spawn); ``name``: its process name (a replica's own)."""
+    child_process_setup(log_levels, name)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     try:

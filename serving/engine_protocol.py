@@ -130,7 +130,9 @@ _FLOAT32_VECTOR = 1
 
 def _encode_extra(value: object) -> object:
     if isinstance(value, np.ndarray):
-        return msgspec.msgpack.Ext(_FLOAT32_VECTOR, np.ascontiguousarray(value, dtype=np.float32).reshape(-1).data)
+        if value.dtype != np.float32 or not value.flags.c_contiguous:  # (a head's row mostly is one already)
+            value = np.ascontiguousarray(value, dtype=np.float32)
+        return msgspec.msgpack.Ext(_FLOAT32_VECTOR, value.data.cast("B"))
     if isinstance(value, np.generic):
         return value.item()
     raise NotImplementedError(f"the engine protocol has no encoding for {type(value).__name__}")

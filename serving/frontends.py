@@ -1,12 +1,16 @@
-"""``bertzoo serve --frontends N`` with N > 1: N front-end processes in front of one engine process, and this parent
-process, which starts them, holds the ports (gRPC's and HTTP's), serves ``/metrics`` and stops them in order.
+"""``bertzoo serve --frontends N`` with N > 1 (or ``--engines M`` with M > 1): N front-end processes in front of one
+engine process (or M replicas of it), and this parent process, which starts them, holds the ports (gRPC's and
+HTTP's), serves ``/metrics`` and stops them in order.
 
 ::
 
     clients ──gRPC, HTTP──> front end 1 ─┐   (gRPC, HTTP, validation, limits, tokenization, post-processing, metrics)
-            ──gRPC, HTTP──> front end 2 ─┼─ZeroMQ hops─> engine process (batchers, lanes, engine instances)
+            ──gRPC, HTTP──> front end 2 ─┼─ZeroMQ hops─> engine process 1..M (batchers, lanes, engine instances)
             ──gRPC, HTTP──> front end N ─┘                    │
     Prometheus ──> parent's /metrics <── every process's series (prometheus_client multiprocess mode)
+
+With M replicas every front end links to each, and sends each request to the one with the fewest requests
+outstanding from that front end (``engine_link.SpreadLane``).
 
 Why processes: one Python event loop tops out far below a GPU's engine (benchmarks/RESULTS.md, "Serving on GPU"), and
 gRPC's and our per-request Python cannot use a second core from one process. Why one engine process: a batch is
@@ -22,10 +26,10 @@ Life: the engine loads while the front ends listen NOT_SERVING; each turns SERVI
 which it does once every bucket is warmed. SIGTERM or SIGINT: the front ends stop taking calls and finish those
 accepted (the one-process drain), then the engine stops, then this process exits 0. A front end that dies is
 started again (its calls in flight fail UNAVAILABLE: their connections break; our client retries them); more than
-``MAX_RESTARTS`` within a minute stops the server. An engine that dies takes every front end NOT_SERVING, and the
-server exits 1 so its orchestrator starts it again. A run directory (the engine's socket, the metrics files) lives
-in the system's temporary directory and is removed on every exit but SIGKILL of this process; children of a killed
-parent stop too (the engine at its control pipe's end, front ends by PR_SET_PDEATHSIG).
+``MAX_RESTARTS`` within a minute stops the server. An engine (any replica) that dies takes every front end
+NOT_SERVING, and the server exits 1 so its orchestrator starts it again. A run directory (the engines' sockets, the
+metrics files) lives in the system's temporary directory and is removed on every exit but SIGKILL of this process;
+children of a killed parent stop too (engines at their control pipe's end, front ends by PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -53,12 +57,12 @@ MAX_RESTARTS = 5  # front-end restarts within RESTART_WINDOW seconds before the 
 RESTART_WINDOW = 60.0
 
 
-def frontend_main(config: ServeConfig, address: str, log_levels: dict[str, int], index: int) -> None:
-    """A front end's entry point (multiprocessing, spawn): a gRPC server on the shared port whose lanes are its link
-    to the engine. SIGINT is the parent's to handle (a terminal sends it to the whole group)."""
+def frontend_main(config: ServeConfig, addresses: list[str], log_levels: dict[str, int], index: int) -> None:
+    """A front end's entry point (multiprocessing, spawn): a gRPC server on the shared port whose lanes are its links
+    to the engine replicas. SIGINT is the parent's to handle (a terminal sends it to the whole group)."""
     import asyncio
 
-    from .engine_link import EngineLink
+    from .engine_link import EngineLink, open_replicas
     from .event_loop import run_on_best_loop
     from .grpc_server import BertzooServer, serve
 
@@ -72,40 +76,44 @@ def frontend_main(config: ServeConfig, address: str, log_levels: dict[str, int],
             if server is not None:
                 asyncio.get_running_loop().create_task(server.not_serving())
 
-        link = EngineLink(address, config, on_engine_lost=engine_lost)
-        server = BertzooServer(config, open_lanes=link.open, share_port=True)
+        links = [EngineLink(address, config, on_engine_lost=engine_lost) for address in addresses]
+        server = BertzooServer(config, open_lanes=lambda: open_replicas(links), share_port=True)
         await serve(config, server=server, stop_signals=(signal.SIGTERM,))
 
     run_on_best_loop(main)
 
 
 class Supervisor:
-    """The parent: starts the engine and the front ends, restarts front ends, stops everything in order."""
+    """The parent: starts the engines and the front ends, restarts front ends, stops everything in order."""
 
     def __init__(self, config: ServeConfig, run_dir: Path) -> None:
         self.config = config
         self.run_dir = run_dir
-        self.address = f"ipc://{run_dir / 'engine.sock'}"
+        self.addresses = [f"ipc://{run_dir / f'engine-{k + 1}.sock'}" for k in range(config.engines)]
         self._context = multiprocessing.get_context("spawn")
         self._levels = {"": logging.getLogger().level, "bertzoo": logging.getLogger("bertzoo").getEffectiveLevel()}
         self._frontend_config: ServeConfig | None = None
-        self.engine: BaseProcess | None = None
+        self.engines: list[BaseProcess] = []
         self.frontends: dict[int, BaseProcess] = {}
-        self._control = None
+        self._controls: list = []
         self._restarts: deque[float] = deque()
 
     def pids(self) -> list[int]:
-        processes = [self.engine, *self.frontends.values()]
-        return [p.pid for p in processes if p is not None and p.pid is not None and p.is_alive()]
+        processes = [*self.engines, *self.frontends.values()]
+        return [p.pid for p in processes if p.pid is not None and p.is_alive()]
 
     def start(self, port: int, http_port: int = 0) -> None:
-        reader, self._control = self._context.Pipe(duplex=False)
         from .engine_process import engine_main
 
-        self.engine = self._context.Process(target=engine_main, name="bertzoo-engine",
-                                            args=(self.config, self.address, reader, self._levels))
-        self.engine.start()
-        reader.close()
+        for k, address in enumerate(self.addresses):
+            reader, control = self._context.Pipe(duplex=False)
+            name = "bertzoo-engine" if len(self.addresses) == 1 else f"bertzoo-engine-{k + 1}"
+            engine = self._context.Process(target=engine_main, name=name,
+                                           args=(self.config, address, reader, self._levels, name))
+            engine.start()
+            reader.close()
+            self.engines.append(engine)
+            self._controls.append(control)
         # The front ends bind the ports this process holds; their metrics go through this process's endpoint.
         self._frontend_config = dataclasses.replace(self.config, port=port, http_port=http_port, metrics_port=0)
         for index in range(self.config.frontends):
@@ -113,25 +121,26 @@ class Supervisor:
 
     def _start_frontend(self, index: int) -> None:
         process = self._context.Process(target=frontend_main, name=f"bertzoo-frontend-{index + 1}",
-                                        args=(self._frontend_config, self.address, self._levels, index))
+                                        args=(self._frontend_config, self.addresses, self._levels, index))
         process.start()
         self.frontends[index] = process
 
     def watch(self, wake: socket.socket) -> int:
-        """Until ``wake`` is readable (a stop signal) or the engine dies: restart front ends that die. Returns the
+        """Until ``wake`` is readable (a stop signal) or an engine dies: restart front ends that die. Returns the
         exit code the server should end with."""
         from prometheus_client import multiprocess
 
-        assert self.engine is not None
         while True:
-            sentinels = {self.engine.sentinel: -1, **{p.sentinel: i for i, p in self.frontends.items()}}
-            ready = wait([wake, *sentinels])
+            engines = {engine.sentinel: engine for engine in self.engines}
+            sentinels = {p.sentinel: i for i, p in self.frontends.items()}
+            ready = wait([wake, *engines, *sentinels])
             if wake in ready:
                 return 0
-            if self.engine.sentinel in ready:
-                self.engine.join()  # its exit code
-                log.error("the engine process exited (code %s): stopping the front ends; exit 1 so the server is "
-                          "started again", self.engine.exitcode)
+            for dead_engine in (engines[s] for s in ready if s in engines):
+                dead_engine.join()  # its exit code
+                log.error("the engine process%s exited (code %s): stopping the front ends; exit 1 so the server is "
+                          "started again", "" if len(self.engines) == 1 else f" {dead_engine.name}",
+                          dead_engine.exitcode)
                 return 1
             for sentinel in ready:
                 index = sentinels[sentinel]
@@ -161,14 +170,15 @@ class Supervisor:
                 log.warning("front end %s did not stop in time: killed", process.name)
                 process.kill()
                 process.join()
-        if self._control is not None:
-            self._control.close()  # the engine's word to stop
-        if self.engine is not None:
-            self.engine.join(30.0)
-            if self.engine.is_alive():
-                log.warning("the engine did not stop in time: killed")
-                self.engine.kill()
-                self.engine.join()
+        for control in self._controls:
+            control.close()  # the engines' word to stop
+        deadline = time.monotonic() + 30.0
+        for engine in self.engines:
+            engine.join(max(0.0, deadline - time.monotonic()))
+            if engine.is_alive():
+                log.warning("%s did not stop in time: killed", engine.name)
+                engine.kill()
+                engine.join()
 
 
 def run_with_frontends(config: ServeConfig) -> int:
@@ -195,9 +205,10 @@ def run_with_frontends(config: ServeConfig) -> int:
                 http = serve_metrics(merged_registry(str(metrics_dir), supervisor.pids), config.metrics_host,
                                      config.metrics_port)
             supervisor.start(port, http_port)
-            log.info("%d front ends on gRPC port %d (HTTP/2)%s, engine process %d, run directory %s",
-                     config.frontends, port, f" and HTTP port {http_port} (HTTP/1.1)" if http_port else "",
-                     supervisor.engine.pid, run_dir)
+            log.info("%d front end%s on gRPC port %d (HTTP/2)%s, engine process%s %s, run directory %s",
+                     config.frontends, "" if config.frontends == 1 else "s", port,
+                     f" and HTTP port {http_port} (HTTP/1.1)" if http_port else "",
+                     "" if config.engines == 1 else "es", ", ".join(str(e.pid) for e in supervisor.engines), run_dir)
             code = supervisor.watch(wake_reader)
             if code == 0:
                 log.info("stop signal: front ends refuse new calls and finish accepted ones (up to %.0f s)",

@@ -15,7 +15,7 @@ reports the backend, variant and precision, and the README states the rules.
   instance per 2 cores above that, at most 8. Evidence: 2-core VMs only (two single-thread instances served
   1.15-1.37x one two-thread instance, RESULTS.md, "Serving on CPU"); with ``--backend auto`` the measurement also
   tries one instance on every core and keeps the faster.
-- ``--frontends auto``: see :func:`frontends`.
+- ``--frontends auto``: see :func:`frontends`; ``--engines auto``: see :func:`engines`.
 """
 
 from __future__ import annotations
@@ -90,3 +90,15 @@ def frontends(device: str, threads: int | None = None) -> int:
     if device == "cuda":
         return max(1, min(8, n // 2))
     return max(1, (threads or n) // 8)
+
+
+def engines(device: str) -> int:
+    """Engine processes (replicas): 1 on every device, until a measurement says otherwise.
+
+    - CPU: replicas split the same cores that ``--instances`` already shares out inside one engine process, and each
+      replica holds its own copy of the model; measured on the 2-core VM (RESULTS.md, "Serving on CPU", "Engine
+      replicas against instances").
+    - GPU: each replica brings its own CUDA graphs and stream, so one prepares its batch while another's runs; the
+      prepared GPU benchmark (``benchmarks/gpu_serving.sh``) measures 1 against 2 and 4 replicas. Until it has run,
+      ``auto`` stays 1: force ``--engines`` to compare."""
+    return 1

@@ -193,3 +193,41 @@ def test_what_crosses_comes_back_as_it_left():
     with pytest.raises(msgspec.ValidationError):  # a header of the wrong shape is refused, not half read
         protocol.read_jobs([protocol.Kind.JOBS.prefix + msgspec.msgpack.encode([[[1, "sideways", None, []]], []]),
                             frames[1]])
+
+
+def test_replicas_share_a_front_ends_requests_by_what_each_has_outstanding(tiny_artifact, tmp_path):
+    """Two real engine hosts, one front end linked to both: requests alternate between them while each holds its
+    batch for the queue delay (the fewest outstanding first), so each engine runs half of them; a replica whose
+    queue this front end was told is full gets none."""
+    from bertzoo.serving.config import BatchSettings
+    from bertzoo.serving.engine_link import open_replicas
+    from conftest import serve_config
+
+    _, artifact = tiny_artifact
+    work = [Work("sentiment", (Encoding([101, 7, 102], [0, 0, 0]),))]
+    config = serve_config(artifact, batch=BatchSettings(max_queue_delay_ms=300), warmup=False)
+
+    async def main() -> tuple[list[float], list[float]]:
+        engines = [await _engine_with_links(config, tmp_path / f"e{k}", 0) for k in range(2)]
+        links = [EngineLink(f"ipc://{tmp_path / f'e{k}' / 'engine.sock'}", config) for k in range(2)]
+        lanes = await open_replicas(links)
+
+        def rows() -> list[float]:
+            return [metrics.registry.get_sample_value("bertzoo_batch_size_sum", {"lane": "main"}) or 0.0
+                    for _, _, _, metrics, _ in engines]
+
+        await asyncio.wait_for(asyncio.gather(*(lanes.main.submit(work, 5.0).future for _ in range(6))), 10)
+        spread = rows()
+        links[1]._waiting["main"] = config.batch.max_queue  # as if replica 2 had said its queue is full
+        await asyncio.wait_for(asyncio.gather(*(lanes.main.submit(work, 5.0).future for _ in range(4))), 10)
+        after_full = rows()
+        await lanes.close()
+        for *_, stop in engines:
+            await stop()
+        return spread, after_full
+
+    (tmp_path / "e0").mkdir()
+    (tmp_path / "e1").mkdir()
+    spread, after_full = asyncio.run(main())
+    assert spread == [3.0, 3.0]
+    assert after_full == [7.0, 3.0]

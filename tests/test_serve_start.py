@@ -80,7 +80,7 @@ def test_auto_frontends_follow_the_device_and_cores(monkeypatch, cores, cpu, cud
 
 def test_a_bad_count_is_one_line_naming_the_option(tiny_artifact):
     _, artifact = tiny_artifact
-    for option in ("--frontends", "--instances"):
+    for option in ("--frontends", "--instances", "--engines"):
         result = CliRunner().invoke(main, ["serve", str(artifact), option, "two"])
         assert result.exit_code == 2 and option in result.output and "neither auto nor a count" in result.output
 

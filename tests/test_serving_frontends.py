@@ -248,3 +248,32 @@ def test_tls_tokens_reflection_streams_and_message_limits_unchanged(tiny_artifac
             request = reflection_pb2.ServerReflectionRequest(list_services="")
             reply = next(stub.ServerReflectionInfo(iter([request]), metadata=[("authorization", "Bearer s3cret")]))
             assert "bertzoo.v1.Bertzoo" in [s.name for s in reply.list_services_response.service]
+
+
+def test_engine_replicas_each_serve_and_one_dying_stops_the_server_with_nothing_left(tiny_artifact):
+    """--engines 2 behind one front end: two engine processes, both running batches under concurrent calls (each
+    one's CPU time moves), every answer right; a replica killed ends the server with code 1 and no process left."""
+    _, artifact = tiny_artifact
+    with ServerProcess(artifact, "--engines", "2", "--max-queue-delay-ms", "20", frontends=1) as server:
+        server.wait_ready()
+        engines = server.children("bertzoo-engine-")
+        assert len(engines) == 2 and len(server.children("bertzoo-fe-")) == 1
+        before = [cpu_seconds(pid) for pid in engines]
+        with BertzooClient(server.target) as client, ThreadPoolExecutor(8) as pool:
+            labels = list(pool.map(lambda i: client.sentiment([f"call {i % 4}"]).results[0].label, range(400)))
+            expected = {i: client.sentiment([f"call {i}"]).results[0].label for i in range(4)}
+        assert labels == [expected[i % 4] for i in range(400)]
+        used = [cpu_seconds(pid) - b for pid, b in zip(engines, before, strict=True)]
+        assert min(used) > 0.25 * sum(used) > 0, used  # both replicas ran batches, not one of them alone
+        children = server.children()
+        os.kill(engines[1], signal.SIGKILL)
+        code = server.process.wait(timeout=60)
+        server.stop()
+    assert code == 1
+    assert all(gone(pid) for pid in children)
+    assert "the engine process bertzoo-engine-2 exited (code -9)" in server.output, server.output[-3000:]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
