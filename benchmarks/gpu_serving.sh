@@ -26,8 +26,9 @@
 #                 ceiling: whether the engine process or the front ends hold the served rate back; at most S s (200);
 #                 then the front-end probe's engine alone, against the ~4,900/s the probe server reached at N = 4-12
 #   replicas [S]  (.gpu/serve/pkg, .gpu/serve/p1) engine replicas: `--engines` 1, 2, 4 at 8 front ends under h2load,
-#                 one sentence a request, then requests of 32 sentences (Embed and Sentiment) at each count, against
-#                 the in-process ceiling; at most S s (default 470: ~9 rows of ~35 s and the ceiling)
+#                 one sentence a request, then requests of 32 sentences (Embed and Sentiment) at each count; Embed
+#                 over gRPC and over HTTP's /v1/embeddings (1 and 32 sentences a request); all against the in-process
+#                 ceiling, 8 s a row; at most S s (default 470: 13 rows of ~30 s and the ceiling)
 #   piece p2 .. p5  (.gpu/serve/pN) onnxruntime-gpu's pieces; the benchmark's log so far
 #   finish [S]    (.gpu/serve/p6) the last piece, OpenVINO and the dev sets; waits at most S s (default 400) for the
 #                 benchmark; gpu_check.py's ONNX Runtime rows (fp32 parity with use_tf32=0); OpenVINO (bf16 where the
@@ -131,7 +132,7 @@ engine)
 replicas)
   install
   (cd $S/bench && timeout "${2:-470}" python3 serve_frontends.py --probe $S/probe --run $S/run --skip-probe --skip-lone \
-    --data $S/data/ids-sst-dev.csv --frontends 8 --gpu-engines 1 2 4 --gpu-per-request 32 --seconds 10 \
+    --data $S/data/ids-sst-dev.csv --frontends 8 --gpu-engines 1 2 4 --gpu-per-request 32 --gpu-http --seconds 8 \
     --skip-variants --json "$OUT/replicas.json")
   ;;
 piece)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import socket
@@ -71,6 +72,17 @@ def stop(process: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def effective_config(process: subprocess.Popen) -> dict | None:
+    """The settings a stopped ``bertzoo serve`` ran with, every ``auto`` resolved (its ``effective config:`` log line,
+    read from the stderr that :func:`start` keeps); None where it logged none."""
+    if process.stderr is None:
+        return None
+    for line in process.stderr.read().splitlines():
+        if "effective config: " in line:
+            return json.loads(line.split("effective config: ", 1)[1].split("; event loop:")[0])
+    return None
 
 
 def cpu_seconds(pid: int) -> float:

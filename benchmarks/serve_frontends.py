@@ -34,11 +34,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from processes import free_port, start_bertzoo, stat_cpu_seconds, stop
+from processes import effective_config, free_port, start_bertzoo, stat_cpu_seconds, stop
 from serve_h2load import (
     RPC,
     grpc_bodies,
     h2load,
+    http_bodies,
     infinity_h2load_rows,
     ok_answers,
     per_sentence,
@@ -95,27 +96,35 @@ def cpu_by_role(pid: int) -> dict[str, float]:
 
 
 def served(artifact: str, flags: list[str], sentences: list[str], args: argparse.Namespace, workdir: Path,
-           task: str = "sentiment", per_request: int = 1) -> dict:
-    """A fresh server with ``flags`` under h2load, ``per_request`` sentences a request: sentences/s (``items_per_s``)
-    and requests/s, CPU per request by role, every answer OK."""
-    port, metrics_port = free_port(), free_port()
-    process = start_bertzoo(artifact, port, *flags, metrics_port=metrics_port)
+           task: str = "sentiment", per_request: int = 1, http: bool = False) -> dict:
+    """A fresh server with ``flags`` under h2load, ``per_request`` sentences a request, over gRPC or (``http``) its
+    HTTP routes (serve_h2load.http_bodies): sentences/s (``items_per_s``) and requests/s, CPU per request by role,
+    every answer OK."""
+    port, metrics_port, http_port = free_port(), free_port(), free_port()
+    process = start_bertzoo(artifact, port, *flags, "--http-port", str(http_port), metrics_port=metrics_port)
     try:
         time.sleep(1.0)  # every front end has turned SERVING (start_bertzoo returns at the first answer)
         before, cpu0, t0 = ok_answers(metrics_port, task), cpu_by_role(process.pid), time.perf_counter()
-        summary = per_sentence(h2load(f"http://127.0.0.1:{port}/bertzoo.v1.Bertzoo/{RPC[task][0]}",
-                                      grpc_bodies(task, request_texts(sentences, per_request)),
-                                      ["content-type: application/grpc", "te: trailers"], args.concurrency,
-                                      args.seconds, workdir), per_request)
+        requests = request_texts(sentences, per_request)
+        if http:
+            route, bodies = http_bodies(task, requests)
+            summary = h2load(f"http://127.0.0.1:{http_port}{route}", bodies, ["content-type: application/json"],
+                             args.concurrency, args.seconds, workdir, http1=True)
+        else:
+            summary = h2load(f"http://127.0.0.1:{port}/bertzoo.v1.Bertzoo/{RPC[task][0]}", grpc_bodies(task, requests),
+                             ["content-type: application/grpc", "te: trailers"], args.concurrency, args.seconds,
+                             workdir)
+        summary = per_sentence(summary, per_request)
         wall, cpu1, after = time.perf_counter() - t0, cpu_by_role(process.pid), ok_answers(metrics_port, task)
     finally:
         stop(process)
+    settings = effective_config(process)  # what each auto resolved to
     codes = {c: after.get(c, 0) - before.get(c, 0) for c in after}
     if any(n for c, n in codes.items() if c not in ("OK", "CANCELLED")) or codes.get("CANCELLED", 0) > args.concurrency:
         raise RuntimeError(f"{flags}: answers other than OK: {codes}")
     answered = codes.get("OK", 0)  # warm-up included: the CPU was measured over the same span
     cpu = {role: (cpu1[role] - cpu0[role]) for role in cpu0}
-    return {**summary, "server_answers": codes,
+    return {**summary, "server_answers": codes, "server_settings": settings,
             "server_cores": sum(cpu.values()) / wall,
             "cpu_ms_per_request": {role: 1000 * seconds / answered for role, seconds in cpu.items()},
             "load_generator_ms_per_request": 1000 * summary["load_generator_cores"] * wall / answered}
@@ -151,6 +160,15 @@ def gpu_rows(args: argparse.Namespace, texts: list[str], workdir: Path) -> dict:
             row = served(args.run, flags, sentences, load if per == 1 else args, workdir, task, per)
             out["replica_rows"].append({"frontends": n, "engines": engines, "task": task, **row})
             print(line(f"torch CUDA, {n} front ends, {engines} engines, {task} x{per}", row, ceiling), flush=True)
+    # With --gpu-http: Embed over gRPC and over HTTP's /v1/embeddings, one sentence and --gpu-per-request a request.
+    out["http_rows"] = []
+    for per, http in [(per, http) for per in ([1, *args.gpu_per_request] if args.gpu_http else [])
+                      for http in (False, True)]:
+        row = served(args.run, [*engine, "--frontends", str(n)], sentences, load if per == 1 else args, workdir,
+                     "embed", per, http)
+        out["http_rows"].append({"frontends": n, "protocol": "http" if http else "grpc", **row})
+        print(line(f"torch CUDA, {n} front ends, Embed x{per} over {'HTTP' if http else 'gRPC'}", row, ceiling),
+              flush=True)
     s128 = " ".join(texts[:40])[:2000]  # cut to the model's 128 tokens by the server, as in gpu_check.served
     for name, flags in () if args.skip_lone else (("frontends 1", ["--frontends", "1"]), ("auto", [])):
         for label, lone_texts in (("one sentence", texts[:400]), ("s128", [s128] * 400)):
@@ -192,6 +210,8 @@ def main() -> None:
     parser.add_argument("--skip-lone", action="store_true", help="part 4 without its lone requests")
     parser.add_argument("--gpu-engines", nargs="+", type=int, default=[], help="part 4: --engines counts to serve "
                         "at the largest --frontends (1 is the rows above)")
+    parser.add_argument("--gpu-http", action="store_true", help="part 4: Embed over gRPC and over HTTP's "
+                        "/v1/embeddings at the largest --frontends, one sentence and --gpu-per-request a request")
     parser.add_argument("--gpu-per-request", nargs="+", type=int, default=[],
                         help="part 4: requests of this many sentences at each --gpu-engines count")
     parser.add_argument("--skip-probe", action="store_true", help="leave out part 1 (the probe)")

@@ -32,7 +32,7 @@ from functools import partial
 from pathlib import Path
 
 from infinity_peer import INFINITY_ENGINES, infinity_rows, start_infinity
-from processes import cpu_seconds, free_port, scrape_metrics, start_bertzoo, stop
+from processes import cpu_seconds, effective_config, free_port, scrape_metrics, start_bertzoo, stop
 from served_variants import VARIANTS, in_process_ceiling
 from server_loads import closed_loop, measured_load
 from timing import machine
@@ -166,11 +166,12 @@ def serve_once(args: argparse.Namespace, variant: str, task: str, generator: str
         after = ok_answers(metrics_port, task)
     finally:
         stop(process)
+    settings = effective_config(process)
     codes = {c: after.get(c, 0) - before.get(c, 0) for c in after}
     # A load generator that stops at its deadline cancels the calls then in flight: at most one per connection.
     if any(n for c, n in codes.items() if c not in ("OK", "CANCELLED")) or codes.get("CANCELLED", 0) > args.concurrency:
         raise RuntimeError(f"{variant} {task} {generator}: answers other than OK: {codes}")
-    return {**summary, "server_answers": codes}
+    return {**summary, "server_answers": codes, "server_settings": settings}
 
 
 def infinity_h2load_rows(args: argparse.Namespace, sentences: list[str], workdir: Path, per_request: int = 1) -> dict:
