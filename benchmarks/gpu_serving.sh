@@ -44,6 +44,8 @@ prepare() {  # RUN [DATA]
   local run=$1 data=${2:-../shared/data} wheels=/tmp/gpu-serve-wheels tree piece size
   rm -rf $G && mkdir -p $G/pkg/h2load $G/p1/run $G/p2 $G/p3 $G/p4 $G/p5 $G/p6 $wheels
   .venv/bin/pip wheel -q --no-deps --no-build-isolation . -w $G/pkg
+  # the commit the copy on the GPU machine is of (it has no .git): every result file there records it
+  (cd benchmarks && ../.venv/bin/python -c 'from timing import commit; print(commit())') > $G/pkg/COMMIT
   local platform=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp
                   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
   .venv/bin/pip download -q "${platform[@]}" -d $G/pkg grpcio==1.85.1 grpcio-health-checking==1.85.1 \
@@ -92,6 +94,7 @@ if [ "${1:-}" = prepare ]; then prepare "${2:?prepare RUN [DATA]}" "${3:-}"; exi
 # Everything below runs on the GPU machine.
 mkdir -p $S
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 PATH=/tmp/h2load:/tmp/site/bin:$PATH LD_LIBRARY_PATH=/tmp/h2load
+BERTZOO_COMMIT=$(cat $G/pkg/COMMIT 2>/dev/null || echo unknown); export BERTZOO_COMMIT
 pipi() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$@"; }
 progress() { tail -n 4 $S/frontends.log 2>/dev/null; ls $S/frontends.done 2>/dev/null; }
 install() {

@@ -17,7 +17,8 @@ FLAGS_OF_NOTE = {"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_ti
 
 
 def commit() -> str:
-    """The checked-out commit, with "+changes" when the working tree differs from it ("unknown" outside git)."""
+    """The checked-out commit, with "+changes" when the working tree differs from it; outside git (a copy of the
+    tree on a GPU machine) what BERTZOO_COMMIT says, which the script that made the copy recorded, else "unknown"."""
     here = Path(__file__).parent
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
@@ -25,7 +26,7 @@ def commit() -> str:
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        return os.environ.get("BERTZOO_COMMIT", "unknown")
     return head + ("+changes" if dirty else "")
 
 
