@@ -3,8 +3,9 @@
 The block after the `<!-- walkthrough -->` marker in README.md is run by bash, unchanged but for two things: the
 ports (the server's and the client's through their BERTZOO_* variables, the metrics and HTTP ports in the curl lines), so the
 test never meets a server already on the defaults; and a shorter dev evaluation at the end of training
-(BERTZOO_TRAIN_EVAL_LIMIT_PER_TASK). It runs in an empty directory where `.venv` is the environment running pytest,
-so `. .venv/bin/activate` means what it means on a fresh clone. Training is the real default run (the bundled
+(BERTZOO_TRAIN_EVAL_LIMIT_PER_TASK). It runs in an empty directory where `.venv` is README command 1's environment
+(`.[all]`, no test extras) where BERTZOO_WALKTHROUGH_VENV names one (.ci/run makes it: in CI it must), else the
+environment running pytest, so `. .venv/bin/activate` means what it means on a fresh clone after command 1. Training is the real default run (the bundled
 samples, one epoch): a shorter one moves the int8 encoder past its parity gate and the export refuses it.
 """
 
@@ -67,9 +68,14 @@ def test_walkthrough_is_in_the_readme_and_consistent():
 
 @pytest.mark.slow
 def test_readme_walkthrough_runs(tmp_path):
-    venv = Path(sys.prefix)
+    first = os.environ.get("BERTZOO_WALKTHROUGH_VENV")
+    if first is None and os.environ.get("CI") == "true":
+        pytest.fail("CI: BERTZOO_WALKTHROUGH_VENV names no environment of README command 1 (.ci/run makes one)")
+    venv = Path(first or sys.prefix)
     if not (venv / "bin" / "activate").exists():
         pytest.skip(f"pytest does not run from a virtual environment ({venv}): nothing for .venv to be")
+    if first is not None:  # command 1's, not command 2's: no test extras in it
+        assert (venv / "bin" / "bertzoo").exists() and not (venv / "bin" / "pytest").exists(), venv
     block = walkthrough_block(README.read_text())
     port, metrics_port, http_port = free_port(), free_port(), free_port()
     assert DEFAULT_METRICS in block and DEFAULT_HTTP in block
