@@ -92,8 +92,12 @@ def measure_text(result: dict) -> str:
         return (f"same class {result['same_class']:.2%} (95% {result['same_class_low']:.2%}-"
                 f"{result['same_class_high']:.2%})")
     metric = "pearson" if "pearson_delta" in result else "f1"
-    return (f"{metric} {result[f'{metric}_reference']:.4f} -> {result[f'{metric}_exported']:.4f}, "
+    text = (f"{metric} {result[f'{metric}_reference']:.4f} -> {result[f'{metric}_exported']:.4f}, "
             f"delta {result[f'{metric}_delta']:.4f}")
+    if "HasAns_f1_delta" in result:
+        text += (f"; HasAns f1 {result['HasAns_f1_reference']:.4f} -> {result['HasAns_f1_exported']:.4f}, "
+                 f"delta {result['HasAns_f1_delta']:.4f}")
+    return text
 
 
 def main(argv: Sequence[str] | None = None) -> dict:

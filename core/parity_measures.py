@@ -118,6 +118,9 @@ def task_parity(reference: pipeline.Backend, candidate: pipeline.Backend, splits
             got_m = pipeline.score(candidate, task, examples, tokenizer, limits, batch_size, null_threshold, got_bar)
             report[task] = {f"{metric}_reference": ref_m[metric], f"{metric}_exported": got_m[metric],
                             f"{metric}_delta": abs(got_m[metric] - ref_m[metric]), "n": len(examples)}
+            if "HasAns_f1" in ref_m:  # SQuAD 2.0: the answerable questions' F1 too, where the reader shows
+                report[task].update(HasAns_f1_reference=ref_m["HasAns_f1"], HasAns_f1_exported=got_m["HasAns_f1"],
+                                    HasAns_f1_delta=abs(got_m["HasAns_f1"] - ref_m["HasAns_f1"]))
     return report
 
 

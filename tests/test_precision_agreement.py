@@ -39,6 +39,9 @@ def test_report_has_every_task_and_candidate(tiny_artifact, tmp_path, capsys):
             assert 0.0 <= result["same_class"] <= 1.0
             assert result["same_class_low"] <= result["same_class"] <= result["same_class_high"] + 1e-9  # float sums
         assert row["tasks"]["similarity"]["pearson_delta"] >= 0.0 and row["tasks"]["qa"]["f1_delta"] >= 0.0
+        qa = row["tasks"]["qa"]  # the answerable questions' F1 too, where the sample has any
+        assert "HasAns_f1_delta" not in qa or qa["HasAns_f1_delta"] == abs(qa["HasAns_f1_exported"]
+                                                                             - qa["HasAns_f1_reference"])
         assert isinstance(row["failures"], list) and isinstance(row["fp32_level_failures"], list)
     printed = capsys.readouterr().out
     assert all(f"{engine}/{precision}" in printed for engine, precision in rows)

@@ -1,12 +1,13 @@
 """The README's walk-through runs as written: train, predict, export, serve, client, metrics.
 
 The block after the `<!-- walkthrough -->` marker in README.md is run by bash, unchanged but for two things: the
-ports (the server's and the client's through their BERTZOO_* variables, the metrics and HTTP ports in the curl lines), so the
-test never meets a server already on the defaults; and a shorter dev evaluation at the end of training
+ports (the server's and the client's through their BERTZOO_* variables, the metrics and HTTP ports in the curl
+lines), so the test never meets a server already on the defaults; and a shorter dev evaluation at the end of training
 (BERTZOO_TRAIN_EVAL_LIMIT_PER_TASK). It runs in an empty directory where `.venv` is README command 1's environment
 (`.[all]`, no test extras) where BERTZOO_WALKTHROUGH_VENV names one (.ci/run makes it: in CI it must), else the
-environment running pytest, so `. .venv/bin/activate` means what it means on a fresh clone after command 1. Training is the real default run (the bundled
-samples, one epoch): a shorter one moves the int8 encoder past its parity gate and the export refuses it.
+environment running pytest, so `. .venv/bin/activate` means what it means on a fresh clone after command 1. Training
+is the real default run (the bundled samples, one epoch): a shorter one moves the int8 encoder past its parity gate
+and the export refuses it.
 """
 
 from __future__ import annotations
