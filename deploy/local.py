@@ -33,14 +33,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def render_nginx_conf(upstreams: list[str], listen: str, workdir: Path, source: Path = NGINX_CONF) -> str:
-    """The shipped nginx.conf with its upstream servers, listen address and scratch paths replaced; nothing else."""
+def render_nginx_conf(upstreams: list[str], listen: str, workdir: Path, http_upstreams: list[str] | None = None,
+                      http_listen: str | None = None, source: Path = NGINX_CONF) -> str:
+    """The shipped nginx.conf with its upstream servers and listen addresses (gRPC's, and HTTP's where given; else
+    HTTP's server is left out) and scratch paths replaced; nothing else."""
     text = source.read_text()
-    servers = "".join(f"        server {address} max_fails=1 fail_timeout=5s;\n" for address in upstreams)
-    text, n = re.subn(r"^ *server bertzoo:50051[^\n]*\n", servers, text, flags=re.M)
+
+    def servers(addresses: list[str]) -> str:
+        return "".join(f"        server {address} max_fails=1 fail_timeout=5s;\n" for address in addresses)
+
+    text, n = re.subn(r"^ *server bertzoo:50051[^\n]*\n", servers(upstreams), text, flags=re.M)
     text, m = re.subn(r"listen 50051 http2;", f"listen {listen} http2;", text)
-    if (n, m) != (1, 1):
-        raise ValueError(f"{source}: expected one 'server bertzoo:50051' and one 'listen 50051 http2'")
+    if http_listen is None:  # only the gRPC server: HTTP's upstream and server block out
+        text, k = re.subn(r"\n    upstream bertzoo_http \{.*?\n    \}\n", "\n", text, flags=re.S)
+        text, j = re.subn(r"\n    server \{\n        listen 8000;.*?\n    \}\n", "\n", text, flags=re.S)
+    else:
+        text, k = re.subn(r"^ *server bertzoo:8000[^\n]*\n", servers(http_upstreams or []), text, flags=re.M)
+        text, j = re.subn(r"listen 8000;", f"listen {http_listen};", text)
+    if (n, m, k, j) != (1, 1, 1, 1):
+        raise ValueError(f"{source}: expected one 'server bertzoo:50051', one 'listen 50051 http2', one "
+                         "'server bertzoo:8000' and one 'listen 8000'")
     return text.replace("/tmp/", f"{workdir}/")
 
 
@@ -70,7 +82,8 @@ class LocalStack:
         self.serve_args, self.want_prometheus = serve_args, prometheus
         self.ports = [free_port() for _ in range(replicas)]
         self.metrics_ports = [free_port() for _ in range(replicas)]
-        self.nginx_port, self.prometheus_port = free_port(), free_port()
+        self.http_ports = [free_port() for _ in range(replicas)]
+        self.nginx_port, self.nginx_http_port, self.prometheus_port = free_port(), free_port(), free_port()
         self.servers: list[subprocess.Popen] = []
         self.nginx: subprocess.Popen | None = None
         self.prometheus: subprocess.Popen | None = None
@@ -79,6 +92,11 @@ class LocalStack:
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.nginx_port}"
+
+    @property
+    def http_target(self) -> str:
+        """nginx's HTTP/1.1 address, in front of every replica's HTTP routes."""
+        return f"127.0.0.1:{self.nginx_http_port}"
 
     def replica_target(self, i: int) -> str:
         return f"127.0.0.1:{self.ports[i]}"
@@ -92,16 +110,19 @@ class LocalStack:
         self.workdir.mkdir(parents=True, exist_ok=True)
         for i, (port, metrics_port) in enumerate(zip(self.ports, self.metrics_ports, strict=True)):
             command = [sys.executable, "-m", "bertzoo", "serve", self.artifact, "--host", "127.0.0.1", "--port",
-                       str(port), "--metrics-port", str(metrics_port), "--http-port", "0", *self.serve_args]
+                       str(port), "--metrics-port", str(metrics_port), "--http-port", str(self.http_ports[i]),
+                       *self.serve_args]
             self.servers.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=self._log(f"replica{i}")))
         for i in range(self.replicas):
             wait_until(lambda i=i: self._serving(i), 180, f"replica {i} not SERVING")
         conf = self.workdir / "nginx.conf"
         conf.write_text(render_nginx_conf([self.replica_target(i) for i in range(self.replicas)],
-                                          f"127.0.0.1:{self.nginx_port}", self.workdir))
+                                          f"127.0.0.1:{self.nginx_port}", self.workdir,
+                                          [f"127.0.0.1:{port}" for port in self.http_ports],
+                                          f"127.0.0.1:{self.nginx_http_port}"))
         self.nginx = subprocess.Popen(["nginx", "-p", str(self.workdir), "-c", str(conf), "-g", "daemon off;"],
                                       stdout=subprocess.DEVNULL, stderr=self._log("nginx"))
-        wait_until(lambda: _listening(self.nginx_port), 30, "nginx not listening")
+        wait_until(lambda: _listening(self.nginx_port) and _listening(self.nginx_http_port), 30, "nginx not listening")
         if self.want_prometheus:
             config = self.workdir / "prometheus.yml"
             config.write_text(prometheus_config([f"127.0.0.1:{p}" for p in self.metrics_ports]))

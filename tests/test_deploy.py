@@ -61,11 +61,16 @@ def test_the_nginx_config_passes_nginx_t(tmp_path):
     """The shipped file with only its upstream servers (the compose service name, unresolvable here), listen port and
     scratch paths replaced."""
     conf = tmp_path / "nginx.conf"
-    conf.write_text(local.render_nginx_conf(["127.0.0.1:50061", "127.0.0.1:50062"], "127.0.0.1:50060", tmp_path))
-    assert "test is successful" in run("nginx", "-t", "-p", str(tmp_path), "-c", str(conf))
+    for http in (False, True):
+        conf.write_text(local.render_nginx_conf(["127.0.0.1:50061", "127.0.0.1:50062"], "127.0.0.1:50060", tmp_path,
+                                                *((["127.0.0.1:8061", "127.0.0.1:8062"], "127.0.0.1:8060") if http
+                                                  else ())))
+        assert "test is successful" in run("nginx", "-t", "-p", str(tmp_path), "-c", str(conf))
+        assert ("proxy_pass http://bertzoo_http;" in conf.read_text()) == http
     shipped = local.NGINX_CONF.read_text()
     for directive in ("grpc_pass grpc://bertzoo;", "grpc_next_upstream error timeout invalid_header non_idempotent;",
-                      "listen 50051 http2;"):
+                      "listen 50051 http2;", "listen 8000;", "proxy_pass http://bertzoo_http;",
+                      "proxy_next_upstream error timeout non_idempotent;"):
         assert directive in shipped
 
 

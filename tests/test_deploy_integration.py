@@ -5,10 +5,12 @@ to one replica in the middle of the traffic loses no request (see the drain's co
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -38,15 +40,15 @@ def call(client: BertzooClient, task: str, i: int):
     return client.paraphrase(pair) if task == "paraphrase" else client.similarity(pair)
 
 
-def requests_answered(stack: local.LocalStack, i: int) -> float:
-    import urllib.request
-
+def requests_answered(stack: local.LocalStack, i: int, protocol: str | None = None) -> float:
+    """Requests replica ``i`` answered OK (over ``protocol`` only, where given)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(f"http://127.0.0.1:{stack.metrics_ports[i]}/metrics", timeout=5) as reply:
         text = reply.read().decode()
     return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
-               if s.name == "bertzoo_requests_total" and s.labels["code"] == "OK")
+               if s.name == "bertzoo_requests_total" and s.labels["code"] == "OK"
+               and protocol in (None, s.labels["protocol"]))
 
 
 def test_replicas_behind_nginx_scraped_by_prometheus_and_a_replica_drained_mid_traffic(tiny_artifact, tmp_path):
@@ -63,6 +65,14 @@ def test_replicas_behind_nginx_scraped_by_prometheus_and_a_replica_drained_mid_t
             streamed = list(client.stream("Embed", (pb2.EmbedRequest(texts=[f"streamed {i}"]) for i in range(40)),
                                           timeout=60))
             assert [m.WhichOneof("result") for m in streamed] == ["response"] * 40
+            # HTTP through nginx's port 8000 server: OpenAI's route, spread over both replicas too.
+            for i in range(20):
+                request = urllib.request.Request(f"http://{stack.http_target}/v1/embeddings",
+                                                 data=json.dumps({"input": f"over http {i}"}).encode())
+                with urllib.request.urlopen(request, timeout=30) as reply:
+                    assert reply.status == 200 and json.loads(reply.read())["data"][0]["embedding"]
+            http_shares = [requests_answered(stack, i, protocol="http") for i in range(2)]
+            assert sum(http_shares) == 20 and min(http_shares) >= 3, http_shares
 
             # Half the clients retry as the bertzoo client does by default, half not at all. gRPC core cancels a call
             # that reaches the replica in the instant its drain starts (accepted in the GOAWAY handshake, then dropped
