@@ -310,7 +310,11 @@ class Batcher:
         while queue:
             item = queue[0]
             job = item.job
-            if job.expired(now):  # (a job that is done has no items left in the queue)
+            if job.abandoned():  # its future cancelled, the callback that tells us not run yet
+                job.done = job.cancelled = True
+                self._forget(job)  # takes this item too
+                continue
+            if job.expired(now):
                 self._settle(job, DeadlineExceeded("the deadline passed while the request was queued"))
                 continue
             if taken and (rows + item.rows > settings.max_batch_size
@@ -369,7 +373,7 @@ class Batcher:
         """Run the batch; None when all of its requests were cancelled or expired while it waited for the worker
         (read-only looks at the jobs: the event loop settles them)."""
         now = time.monotonic()  # the event loop's clock
-        if all(item.job.done or item.job.expired(now) for item in batch.items):
+        if all(item.job.abandoned() or item.job.expired(now) for item in batch.items):
             return None
         started = time.perf_counter()
         outputs = run([item.job.works[item.index] for item in batch.items], batch.inputs)

@@ -44,6 +44,11 @@ class Job:
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline
 
+    def abandoned(self) -> bool:
+        """Nobody waits for it: it ended, or its future was cancelled (a local RPC that ended), whose done-callback
+        telling the batcher may not have run yet."""
+        return self.done or (self.future is not None and self.future.done())
+
 
 def _settle_future(job: Job) -> None:
     assert job.future is not None

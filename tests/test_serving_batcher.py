@@ -337,3 +337,18 @@ def test_two_engine_instances_run_two_batches_side_by_side():
     asyncio.run(main())
     assert [b[0] for b in first.batches] == [[1]] and [b[0] for b in second.batches] == [[2]]
     assert threads["first"].isdisjoint(threads["second"])
+
+
+def test_a_request_cancelled_in_the_turn_its_batch_is_cut_never_runs():
+    """A local request's future is cancelled; the done-callback that tells the batcher runs only a loop turn later.
+    A batch cut in between (here: at once, the bucket full) must still leave it out."""
+    runner = Runner()
+
+    async def scenario(batcher: Batcher):
+        kept, dropped = batcher.submit([sentence(5, marker=1)]), batcher.submit([sentence(5, marker=2)])
+        dropped.future.cancel()  # its callback is only scheduled
+        kept_too = batcher.submit([sentence(5, marker=3)])  # fills the bucket: the batch is cut now, in this turn
+        return await asyncio.wait_for(asyncio.gather(kept.future, kept_too.future), 5)
+
+    assert run(scenario, runner, max_batch_size=2, max_queue_delay_ms=1000) == [[10], [30]]
+    assert [markers for markers, _ in runner.batches] == [[1, 3]]
