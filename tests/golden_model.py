@@ -26,8 +26,8 @@ PAIRS = [("How do I learn Python quickly?", "What is the fastest way to learn Py
 QA = [("When was the tower finished?", "The Eiffel Tower in Paris was finished in 1889 for the World's Fair."),
       ("Who wrote the novel?", "The novel was written by Jane Austen and published in 1813.")]
 
-ENGINES = ["torch/cpu/fp32", "onnxruntime/cpu/fp32", "onnxruntime/cpu/optimized", "onnxruntime/cpu/int8",
-           "onnxruntime-resident/cpu/fp32", "openvino/cpu/fp32", "openvino/cpu/bf16",
+ENGINES = ["torch/cpu/fp32", "torch-resident/cpu/fp32", "onnxruntime/cpu/fp32", "onnxruntime/cpu/optimized",
+           "onnxruntime/cpu/int8", "onnxruntime-resident/cpu/fp32", "openvino/cpu/fp32", "openvino/cpu/bf16",
            "torch/cuda/fp16", "onnxruntime/cuda/fp32", "tensorrt/cuda/fp16"]
 
 # The outputs by kind: what a tolerance is set for (tests/test_engine_golden.py's TOLERANCES).
@@ -168,14 +168,15 @@ def build(engine: str, run: Path, artifact: Path):
     kind, device, precision = engine.split("/")
     if device == "cuda" and not _has_cuda():
         pytest.skip("no CUDA GPU here")
-    if kind == "torch":
+    if kind in ("torch", "torch-resident"):  # resident: the states stay on the device for the heads (CUDA's default)
         import torch
 
         from bertzoo.serving.backends import TorchBackend
         from bertzoo.trainer.checkpoint import load_model
 
         model, _, _ = load_model(run)
-        return TorchBackend(model.to(device).eval(), torch.device(device), precision=precision)
+        return TorchBackend(model.to(device).eval(), torch.device(device), precision=precision,
+                            resident_states=kind == "torch-resident" or None)
     if kind == "onnxruntime-resident":
         return OnnxRuntimeBackend(artifact, precision, threads=1, device=device, resident_states=True)
     if kind == "onnxruntime":

@@ -61,6 +61,12 @@ class GraphedEncoder:
 
     def encode(self, batch: dict[str, np.ndarray]) -> np.ndarray | None:
         """The states, or None when the batch has more rows than ``max_rows`` (the caller runs it eagerly)."""
+        states = self.encode_tensor(batch)
+        return None if states is None else states.float().cpu().numpy()  # .cpu() waits for the replay
+
+    def encode_tensor(self, batch: dict[str, np.ndarray]) -> torch.Tensor | None:
+        """:meth:`encode`'s states left on the device, in the encoder's dtype: a copy, which the next replay does not
+        overwrite."""
         rows, length = batch["input_ids"].shape
         padded = padded_rows(rows)
         if padded > self.max_rows:
@@ -74,4 +80,4 @@ class GraphedEncoder:
                 else:
                     static[name][:rows].copy_(torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64)))
             graph.replay()
-            return out[:rows].float().cpu().numpy()  # .cpu() waits for the replay
+            return out[:rows].clone()

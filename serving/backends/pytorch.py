@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .base import BackendUnavailable
+from .base import BackendUnavailable, rows_mask
 
 if TYPE_CHECKING:
     import torch
@@ -26,10 +26,13 @@ class TorchBackend:
     ``precision`` fp16 / bf16 casts the encoder's weights to that type (so use it on a model of its own, as the
     server does); the heads are small and stay float32, fed the encoder's states as float32, as on every engine.
     ``cuda_graphs`` replays the encoder as captured CUDA graphs (trainer/cuda_graphs.py), for a model on a GPU.
+    ``resident_states`` (default: on cuda) keeps the encoder's states on the device for the heads
+    (:meth:`encode_resident`): the host path copies batch x length x hidden floats to the host, cuts and masks them
+    there with numpy, and copies them back for the heads.
     """
 
     def __init__(self, model: MultitaskModel, device: torch.device | None = None, precision: str = "fp32",
-                 cuda_graphs: bool = False) -> None:
+                 cuda_graphs: bool = False, resident_states: bool | None = None) -> None:
         import torch
 
         if precision not in PRECISIONS:
@@ -49,6 +52,7 @@ class TorchBackend:
 
             model.eval()
             self.graphs = GraphedEncoder(self._encode_tensors, self.device)
+        self.resident_states = self.device.type == "cuda" if resident_states is None else resident_states
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return self._torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
@@ -57,29 +61,58 @@ class TorchBackend:
         with self._torch.no_grad():
             return self.model.encode(inputs)
 
-    def encode(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+    def _states(self, batch: dict[str, np.ndarray]) -> torch.Tensor:
+        """The encoder's states on the device, in the encoder's dtype."""
         self.model.eval()
         with self._torch.no_grad():
-            if self.graphs is not None and (states := self.graphs.encode(batch)) is not None:
+            if self.graphs is not None and (states := self.graphs.encode_tensor(batch)) is not None:
                 return states
-            return self._encode_tensors({k: self._tensor(v) for k, v in batch.items()}).float().cpu().numpy()
+            return self._encode_tensors({k: self._tensor(v) for k, v in batch.items()})
 
-    def head(self, task: str, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+    def encode(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        return self._states(batch).float().cpu().numpy()
+
+    def encode_resident(self, batch: dict[str, np.ndarray]) -> TorchStates:
+        """:meth:`encode`, with the states left on the device."""
+        return TorchStates(self, self._states(batch), batch["attention_mask"])
+
+    def head(self, task: str, inputs: dict[str, np.ndarray | torch.Tensor]) -> tuple[np.ndarray, ...]:
         self.model.eval()
         with self._torch.no_grad():
             # By name: the heads' forward parameters are the graph input names (states, mask, states_a, ...).
-            out = self.model.heads[task](**{k: self._tensor(v) for k, v in inputs.items()})
+            out = self.model.heads[task](**{k: v if isinstance(v, self._torch.Tensor) else self._tensor(v)
+                                            for k, v in inputs.items()})
         return tuple(o.float().cpu().numpy() for o in (out if isinstance(out, tuple) else (out,)))
 
 
+class TorchStates:
+    """The encoder's states of one batch as a tensor on the backend's device: ``select`` cuts and masks a task's rows
+    there (as ``engine.HostStates`` does on the host) for its head, ``host`` copies rows back only where the host
+    needs them (embeddings)."""
+
+    def __init__(self, backend: TorchBackend, states: torch.Tensor, mask: np.ndarray) -> None:
+        self._backend, self._states, self.mask = backend, states, mask
+
+    def select(self, rows) -> tuple[torch.Tensor, np.ndarray]:
+        mask = rows_mask(self.mask, rows)
+        torch, device = self._backend._torch, self._states.device
+        index = torch.as_tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
+        states = self._states.index_select(0, index)[:, :mask.shape[1]].float()  # the heads take float32
+        return states * torch.from_numpy(mask).to(device, non_blocking=True)[..., None], mask
+
+    def host(self, rows) -> tuple[np.ndarray, np.ndarray]:
+        selected, mask = self.select(rows)
+        return selected.cpu().numpy(), mask
+
+
 def create(source: MultitaskModel, *, device: str | torch.device | None = None, precision: str = "fp32",
-           cuda_graphs: bool = False, **_) -> TorchBackend:
+           cuda_graphs: bool = False, resident_states: bool | None = None, **_) -> TorchBackend:
     """The backend's factory in the registry: ``source`` is the model itself; ``device`` None: where the model is."""
     if isinstance(device, str):  # "cpu", "cuda"
         import torch
 
         device = torch.device(device)
-    return TorchBackend(source, device, precision=precision, cuda_graphs=cuda_graphs)
+    return TorchBackend(source, device, precision=precision, cuda_graphs=cuda_graphs, resident_states=resident_states)
 
 
 def check(device: str) -> None:
