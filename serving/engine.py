@@ -19,7 +19,7 @@ import numpy as np
 from bertzoo.pipeline import PAIR_TASKS, Backend
 from bertzoo.tokenization import Encoding, QAWindow, pad_batch
 
-from .backends.base import rows_mask
+from .backends.base import pool_embeddings, rows_mask
 
 Row = Encoding | QAWindow
 EMBED = "embed"  # not a head: pooled encoder states
@@ -90,17 +90,6 @@ def prepare_inputs(works: Sequence[Work], width: int | None, pad_id: int) -> dic
     return batch
 
 
-def pool_embeddings(states: np.ndarray, mask: np.ndarray, pooling: str) -> np.ndarray:
-    """Sentence embeddings [n, h]: the model's pooling ([CLS], or the mean over real tokens), L2-normalised."""
-    if pooling == "cls":
-        pooled = states[:, 0].astype(np.float64)
-    else:
-        weights = mask[..., None].astype(np.float64)
-        pooled = (states * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1.0)
-    norms = np.linalg.norm(pooled, axis=-1, keepdims=True)
-    return (pooled / np.maximum(norms, 1e-12)).astype(np.float32)
-
-
 class HostStates:
     """The encoder's states of one batch as a host array: what every backend's ``encode`` returns."""
 
@@ -115,10 +104,13 @@ class HostStates:
 
     host = select  # the states already are on the host
 
+    def embeddings(self, rows: Sequence[int], pooling: str) -> np.ndarray:
+        return pool_embeddings(*self.select(rows), pooling)
+
 
 def encoded_states(backend: Backend, inputs: dict[str, np.ndarray]):
     """The encoder's states, on the backend's device where it keeps them there (``select`` then gives device values
-    its ``head`` takes, ``host`` host arrays), else as :class:`HostStates`."""
+    its ``head`` takes, ``host`` host arrays, ``embeddings`` the pooled unit vectors), else as :class:`HostStates`."""
     if getattr(backend, "resident_states", False):
         return backend.encode_resident(inputs)
     return HostStates(backend.encode(inputs), inputs["attention_mask"])
@@ -137,7 +129,7 @@ def run_batch(backend: Backend, works: Sequence[Work], inputs: dict[str, np.ndar
     for task, members in by_task.items():
         rows = [int(first_row[i]) for i in members]
         if task == EMBED:
-            results: Sequence[object] = list(pool_embeddings(*encoded.host(rows), pooling))
+            results: Sequence[object] = list(encoded.embeddings(rows, pooling))
         elif task in PAIR_TASKS:
             states_a, mask_a = encoded.select(rows)
             states_b, mask_b = encoded.select([r + 1 for r in rows])

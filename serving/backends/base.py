@@ -1,6 +1,6 @@
 """What every backend shares: the encoder's input and output names, how a padded batch becomes the encoder's feed
-(packed where the graph takes packed tokens), and the error that says a backend cannot run here and what to install.
-(The CPU's instruction-set flags are ``bertzoo.cpu``'s.)"""
+(packed where the graph takes packed tokens), how states become sentence embeddings, and the error that says a
+backend cannot run here and what to install. (The CPU's instruction-set flags are ``bertzoo.cpu``'s.)"""
 
 from __future__ import annotations
 
@@ -26,6 +26,17 @@ def rows_mask(mask: np.ndarray, rows) -> np.ndarray:
     mask = mask[rows]
     return np.ascontiguousarray(mask[:, :int(mask.sum(axis=1).max())], dtype=np.int64)
 
+
+
+def pool_embeddings(states: np.ndarray, mask: np.ndarray, pooling: str) -> np.ndarray:
+    """Sentence embeddings [n, h]: the model's pooling ([CLS], or the mean over real tokens), L2-normalised."""
+    if pooling == "cls":
+        pooled = states[:, 0].astype(np.float64)
+    else:
+        weights = mask[..., None].astype(np.float64)
+        pooled = (states * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1.0)
+    norms = np.linalg.norm(pooled, axis=-1, keepdims=True)
+    return (pooled / np.maximum(norms, 1e-12)).astype(np.float32)
 
 class BackendUnavailable(RuntimeError):
     """The backend or device asked for cannot run in this installation; the message says what to install."""

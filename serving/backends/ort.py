@@ -12,7 +12,7 @@ import numpy as np
 
 from bertzoo.artifact import ONNX_IR_VERSION, ArtifactError, load_manifest
 
-from .base import BackendUnavailable, encoder_feed, rows_mask
+from .base import BackendUnavailable, encoder_feed, pool_embeddings, rows_mask
 
 VARIANTS = ("fp32", "optimized", "int8")
 INSTALL_HINT = "pip install 'bertzoo[serve]', or 'bertzoo[serve-gpu]' for --device cuda"
@@ -133,6 +133,9 @@ class DeviceStates:
     def host(self, rows) -> tuple[np.ndarray, np.ndarray]:
         selected, mask = self.select(rows)
         return selected.numpy(), mask
+
+    def embeddings(self, rows, pooling: str) -> np.ndarray:
+        return pool_embeddings(*self.host(rows), pooling)
 
 
 class OnnxRuntimeBackend:

@@ -104,6 +104,17 @@ class TorchStates:
         selected, mask = self.select(rows)
         return selected.cpu().numpy(), mask
 
+    def embeddings(self, rows, pooling: str) -> np.ndarray:
+        """Sentence embeddings pooled on the device (as ``base.pool_embeddings`` pools on the host): only
+        rows x hidden floats come back, not the rows' states."""
+        states, mask = self.select(rows)  # zero past each sequence's end
+        if pooling == "cls":
+            pooled = states[:, 0]
+        else:
+            counts = states.new_tensor(mask.sum(axis=1, keepdims=True).astype(np.float32)).clamp(min=1.0)
+            pooled = states.sum(dim=1) / counts
+        return (pooled / pooled.norm(dim=-1, keepdim=True).clamp(min=1e-12)).cpu().numpy()
+
 
 def create(source: MultitaskModel, *, device: str | torch.device | None = None, precision: str = "fp32",
            cuda_graphs: bool = False, resident_states: bool | None = None, **_) -> TorchBackend:
