@@ -67,10 +67,11 @@ def test_frontends_answer_as_one_process_does_with_one_metrics_view(tiny_artifac
     assert not run_dir.exists()  # the engine's socket and the metrics files went with it
 
 
-def test_sigterm_front_ends_finish_accepted_calls_then_the_engine_stops(tiny_artifact):
+@pytest.mark.parametrize("engines", [1, 2])
+def test_sigterm_front_ends_finish_accepted_calls_then_the_engine_stops(tiny_artifact, engines):
     _, artifact = tiny_artifact
     # An idle model waits 1.5 s to fill a batch, so the requests are still in flight when SIGTERM arrives.
-    with ServerProcess(artifact, "--max-queue-delay-ms", "1500") as server:
+    with ServerProcess(artifact, "--max-queue-delay-ms", "1500", "--engines", str(engines)) as server:
         server.wait_ready()
         clients = [BertzooClient(server.target, options=channel_options(retries=False)) for _ in range(6)]
         calls = [c.stub.Sentiment.future(pb2.SentimentRequest(texts=[f"accepted {i}"]), timeout=30)
@@ -89,9 +90,10 @@ def test_sigterm_front_ends_finish_accepted_calls_then_the_engine_stops(tiny_art
         for c in clients:
             c.close()
         assert server.stop() == 0
-    assert all(gone(pid) for pid in children)
+    assert all(gone(pid) for pid in children) and len(children) == 2 + engines
     out = server.output
     assert out.index("stop signal") < out.index("engine stopped") < out.rindex("stopped")
+    assert out.count("engine stopped") == engines
 
 
 def test_deadlines_cancellation_and_queue_full_reach_the_engine(tiny_artifact):
