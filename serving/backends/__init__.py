@@ -1,7 +1,8 @@
 """Every backend that can answer, behind the one small protocol of ``bertzoo.pipeline.Backend``: ``encode(batch)`` runs
 the encoder on a padded batch, ``head(task, inputs)`` one task's head on encoder states, numpy in and out. A backend
-that keeps the states on its device (a GPU) sets ``resident_states`` and gives ``encode_resident(batch)``, whose
-states ``serving.engine.run_batch`` selects rows of there, so no host round trip happens between encoder and heads.
+that keeps the states on its device (a GPU: ONNX Runtime's I/O binding, the torch backend's tensors) sets
+``resident_states`` and gives ``encode_resident(batch)``, whose states ``serving.engine.run_batch`` selects rows of and
+pools embeddings from there, so no host round trip happens between encoder and heads.
 
 - ``ort.OnnxRuntimeBackend``: an export artifact's graphs on ONNX Runtime, CPU or CUDA (torch-free);
 - ``openvino.OpenVinoBackend``: the artifact's encoder on OpenVINO (CPU, fp32 or bf16), the heads on ONNX Runtime;
