@@ -50,6 +50,8 @@ class EngineHost:
         # next hop, answers or not, so each refuses at its door, without a round trip, while the queue is full.
         self._told_full: dict[bytes, tuple[bool, bool]] = {}
         self._lanes: Lanes | None = None
+        self._main: Batcher | None = None  # the lanes' batchers (open_local_lanes'), to add jobs to
+        self._long: Batcher | None = None
         self._ready_message: list[bytes] | None = None
         self._waiting_hellos: list[bytes] = []
         self._jobs: dict[tuple[bytes, int], tuple[Job, Batcher]] = {}  # by (front end, its job id)
@@ -64,7 +66,8 @@ class EngineHost:
 
     def ready(self, lanes: Lanes) -> None:
         """The model is loaded: answer every hello so far, and from now on each at once."""
-        self._lanes = lanes
+        assert isinstance(lanes.main, Batcher) and isinstance(lanes.long, Batcher)
+        self._lanes, self._main, self._long = lanes, lanes.main, lanes.long
         self._ready_message = protocol.ready_message(lanes.spec, lanes.tokenizer.to_str())
         hellos, self._waiting_hellos = self._waiting_hellos, []
         for peer in hellos:
@@ -89,7 +92,7 @@ class EngineHost:
             log.exception("the engine could not handle a %s message from a front end", kind and kind.name)
 
     def _take(self, peer: bytes, frames: list[bytes]) -> None:
-        assert self._lanes is not None
+        assert self._main is not None and self._long is not None
         requests, cancelled = protocol.read_jobs(frames)
         dropped = set(cancelled)
         now = asyncio.get_running_loop().time()
@@ -97,8 +100,7 @@ class EngineHost:
         for request, works in requests:
             if request.job_id in dropped:  # cancelled before the hop left: never queued, so never run
                 continue
-            lane = self._lanes.long if request.lane == "long" else self._lanes.main
-            assert isinstance(lane, Batcher)  # the lanes of open_local_lanes
+            lane = self._long if request.lane == "long" else self._main
             key = (peer, request.job_id)
             job = Job(works, None if request.timeout is None else now + request.timeout, self._settled, key)
             try:

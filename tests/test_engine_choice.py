@@ -114,7 +114,7 @@ def test_serve_auto_serves_the_choice_and_model_info_shows_its_table(artifact, t
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(engine_choice, "SECONDS_PER_CANDIDATE", 0.2)
     options = {"model_dir": str(artifact), "backend": "auto", "variant": "auto", "device": "cpu", "threads": 2,
-               "instances": "auto", "frontends": "auto", "precision": "auto"}
+               "instances": "auto", "frontends": "auto", "engines": "auto", "precision": "auto"}
     _resolve_auto(options)
     assert (tmp_path / "bertzoo" / "engine-choice").is_dir()
     chosen = [line for line in options["engine_choice"] if line.endswith("<- chosen")]
