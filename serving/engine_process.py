@@ -57,8 +57,12 @@ class EngineHost:
         self._jobs: dict[tuple[bytes, int], tuple[Job, Batcher]] = {}  # by (front end, its job id)
         self._outbox: dict[bytes, list[protocol.Outcome]] = defaultdict(list)
         self._flush_scheduled = False
+        # Kept from start(): on Python 3.11 each asyncio.get_running_loop() is a getpid system call, and with one
+        # request a hop (a GPU server's many front ends) these would run once per request.
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self._socket.start()
 
     def stop(self) -> None:
@@ -95,7 +99,8 @@ class EngineHost:
         assert self._main is not None and self._long is not None
         requests, cancelled = protocol.read_jobs(frames)
         dropped = set(cancelled)
-        now = asyncio.get_running_loop().time()
+        assert self._loop is not None
+        now = self._loop.time()
         added: set[Batcher] = set()
         for request, works in requests:
             if request.job_id in dropped:  # cancelled before the hop left: never queued, so never run
@@ -136,7 +141,8 @@ class EngineHost:
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            assert self._loop is not None
+            self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         """One hop per front end with everything finished in this event-loop turn, and one (of depths alone) to each
