@@ -1,12 +1,14 @@
 """The README's walk-through runs as written: train, predict, export, serve, client, metrics.
 
-The block after the `<!-- walkthrough -->` marker in README.md is run by bash, unchanged but for two things: the
-ports (the server's and the client's through their BERTZOO_* variables, the metrics and HTTP ports in the curl
-lines), so the test never meets a server already on the defaults; and a shorter dev evaluation at the end of training
-(BERTZOO_TRAIN_EVAL_LIMIT_PER_TASK). It runs in an empty directory where `.venv` is README command 1's environment
-(`.[all]`, no test extras) where BERTZOO_WALKTHROUGH_VENV names one (.ci/run makes it: in CI it must), else the
-environment running pytest, so `. .venv/bin/activate` means what it means on a fresh clone after command 1. Training
-is the real default run (the bundled samples, one epoch): a shorter one moves the int8 encoder past its parity gate
+The block after the `<!-- walkthrough -->` marker in README.md is run by bash, unchanged but for the ports (the
+server's and the client's through their BERTZOO_* variables, the metrics and HTTP ports in the curl lines), so the
+test never meets a server already on the defaults. After it, the test checks what the block's bullets promise: the
+server is gone once `kill` returns and the shell waits for it (SIGTERM drains, then exits 0), and the same
+`bertzoo train --out` run again is refused in one line, with the first run's checkpoint untouched. It runs in an
+empty directory where `.venv` is README command 1's environment (`.[all]`, no test extras) where
+BERTZOO_WALKTHROUGH_VENV names one (.ci/run makes it: in CI it must), else the environment running pytest, so
+`. .venv/bin/activate` means what it means on a fresh clone after command 1. Training is the real default run (the
+bundled samples, one epoch, the whole dev evaluation): a shorter one moves the int8 encoder past its parity gate
 and the export refuses it.
 """
 
@@ -82,11 +84,13 @@ def test_readme_walkthrough_runs(tmp_path):
     assert DEFAULT_METRICS in block and DEFAULT_HTTP in block
     block = block.replace(DEFAULT_METRICS, f"localhost:{metrics_port}").replace(DEFAULT_HTTP, f"localhost:{http_port}")
     (tmp_path / ".venv").symlink_to(venv)
+    # After the block's `kill $!`: wait for the server (its exit status is the script's), and record whether any
+    # process still listens on its port.
     script = ("set -euo pipefail\n"
-              "trap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n" + block)
+              "trap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n" + block +
+              "\nserver=$!\nwait $server; echo \"server exit $?\"\n")
     env = dict(os.environ, BERTZOO_PORT=str(port), BERTZOO_TARGET=f"localhost:{port}",
                BERTZOO_METRICS_PORT=str(metrics_port), BERTZOO_HTTP_PORT=str(http_port),
-               BERTZOO_TRAIN_EVAL_LIMIT_PER_TASK="8",
                BERTZOO_TRAIN_NO_PROGRESS="true")
     env.pop("VIRTUAL_ENV", None)
     proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -99,3 +103,17 @@ def test_readme_walkthrough_runs(tmp_path):
     assert re.search(r'bertzoo_requests_total\{code="OK",protocol="grpc",task="sentiment"\} [1-9]', proc.stdout), \
         proc.stdout[-3000:]
     assert "ready: health SERVING" in out and "(int8)" in out  # it served the variant it exported
+    assert "server exit 0" in proc.stdout, out[-3000:]  # drained and stopped on SIGTERM
+    with socket.socket() as s:  # nothing listens on the server's port any more
+        assert s.connect_ex(("127.0.0.1", port)) != 0, "a process still listens on the server's port after kill"
+
+    # The block's first training command again: refused in one line, the first run untouched.
+    train = next(c for c in commands(block) if c.startswith("bertzoo train"))
+    run_dir = tmp_path / train.split("--out", 1)[1].split()[0]
+    before = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()}
+    again = subprocess.run(["bash", "-c", f". .venv/bin/activate && {train}"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode != 0, again.stdout[-2000:] + again.stderr[-2000:]
+    said = [line for line in again.stderr.splitlines() if line.strip()]
+    assert len(said) == 1 and "already holds a training run" in said[0] and "--force" in said[0], again.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()} == before
