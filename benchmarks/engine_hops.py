@@ -8,7 +8,7 @@ front ends itself over the same ZeroMQ socket, keeping a window of jobs in fligh
 one-sentence requests (1: front ends under light load each, the GPU case; more: busy front ends). The engine's CPU
 per request says what one request costs its loop; its rate is the ceiling a server could reach with free front ends.
 
-    python benchmarks/engine_hops.py --probe DIR [--data DATA/ids-sst-dev.csv] [--per-hop 1 8] [--peers 1 12] \
+    python -m benchmarks.engine_hops --probe DIR [--data DATA/ids-sst-dev.csv] [--per-hop 1 8] [--peers 1 12] \
         [--seconds 10] [--rounds 3] [--model RUN --backend torch --device cuda --ceiling] [--json FILE]
 
 With `--model`, the engine serves that model instead (e.g. the CUDA engine of `gpu_serving.sh`): its rate against
@@ -31,10 +31,10 @@ import time
 from pathlib import Path
 
 import zmq
-from processes import stat_cpu_seconds, thread_cpu_seconds
-from serve_frontends import build_probe
-from timing import machine
 
+from benchmarks.common.processes import stat_cpu_seconds, thread_cpu_seconds
+from benchmarks.common.timing import machine
+from benchmarks.serve_frontends import build_probe
 from bertzoo.serving import engine_protocol as protocol
 from bertzoo.serving.config import ServeConfig
 from bertzoo.serving.engine import Work

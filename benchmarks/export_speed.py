@@ -1,6 +1,6 @@
 """Exported encoders against PyTorch eager, side by side in one run (ratios, not absolute times, are the result).
 
-    python benchmarks/export_speed.py CHECKPOINT --data ../shared/data [--work /tmp/export_bench]
+    python -m benchmarks.export_speed CHECKPOINT --data ../shared/data [--work /tmp/export_bench]
 
 1. ``bertzoo export CHECKPOINT --optimize --int8`` with the parity gates on ``--data``'s dev sets (the accuracy
    deltas printed at the end are the manifest's parity report).
@@ -23,8 +23,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
-from timing import median_ms  # benchmarks/timing.py
 
+from benchmarks.common.timing import machine, median_ms
 from bertzoo.artifact import load_manifest
 from bertzoo.export import ort_kernel
 from bertzoo.export.exporter import ExportOptions, export_checkpoint
@@ -125,7 +125,7 @@ def main() -> None:
     parser.add_argument("--skip-grid", action="store_true", help="only the SSAF against softmax comparison")
     args = parser.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="export_bench."))
-    print(f"onnxruntime {ort.__version__}, torch {torch.__version__}, artifacts in {work}")
+    print(f"onnxruntime {ort.__version__}, torch {torch.__version__}, artifacts in {work}; machine: {machine()}")
     if args.reuse and (work / "artifact").is_dir():
         manifest = load_manifest(work / "artifact")
         print("export: reusing the artifact in --work")

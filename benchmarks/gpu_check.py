@@ -1,6 +1,6 @@
 """Everything a GPU machine should verify, in one run: parity and speed of every GPU path against the CPU reference.
 
-    python benchmarks/gpu_check.py RUN --data DATA_DIR --out WORK_DIR [--json results.json]
+    python -m benchmarks.gpu_check RUN --data DATA_DIR --out WORK_DIR [--json results.json]
 
 RUN is a `bertzoo train` run (or checkpoint) directory; DATA_DIR holds the dev files (`ids-sst-dev.csv`, ...). Needs a
 CUDA build of torch (with triton) and this package; onnxruntime-gpu for the ONNX Runtime rows. TensorRT rows run only
@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.common.timing import machine
 from bertzoo import pipeline
 from bertzoo.data import SentenceExample
 from bertzoo.serving.load import load_items, run_load
@@ -63,7 +64,7 @@ def check(name: str):
 
 @check("environment")
 def environment() -> dict:
-    info = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(0),
+    info = {**machine(), "torch": torch.__version__, "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(0),
             "capability": ".".join(map(str, torch.cuda.get_device_capability(0)))}
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
                           "--format=csv,noheader"], capture_output=True, text=True)

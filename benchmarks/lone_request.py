@@ -1,7 +1,7 @@
 """What a lone request costs beyond the engine: one client, one SST sentence per Sentiment call, one call at a time,
 the client's clock against the response's Timing fields (the server's own account of its stages).
 
-    python benchmarks/lone_request.py ARTIFACT [--data ../shared/data/ids-sst-dev.csv] [--variants fp32 int8] \
+    python -m benchmarks.lone_request ARTIFACT [--data ../shared/data/ids-sst-dev.csv] [--variants fp32 int8] \
         [--requests 400] [--json FILE] [-- more `bertzoo serve` flags]
 
 Per variant, medians in ms: the client's round trip, the server's total, and its queue, tokenize and inference
@@ -20,9 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from processes import free_port, start_bertzoo, stop, thread_cpu_seconds
-from timing import machine
-
+from benchmarks.common.processes import free_port, start_bertzoo, stop, thread_cpu_seconds
+from benchmarks.common.timing import machine
 from bertzoo.serving.client import BertzooClient
 from bertzoo.serving.load import load_items
 

@@ -1,7 +1,7 @@
 """How closely each faster engine/precision agrees with ONNX Runtime fp32 on the real dev sets of every task, so
 `bertzoo serve` picks a faster default precision only where it keeps fp32-level agreement.
 
-    python benchmarks/precision_agreement.py ARTIFACT --data DATA [--limit N] [--json FILE]
+    python -m benchmarks.precision_agreement ARTIFACT --data DATA [--limit N] [--json FILE]
 
 The reference is the artifact's fp32 encoder on ONNX Runtime (the graph the export gated against PyTorch). Candidates:
 ONNX Runtime `optimized` and `int8` (where the artifact has them), OpenVINO fp32 and, where the CPU computes bf16
@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from timing import machine
 
+from benchmarks.common.timing import machine
 from bertzoo.artifact import load_manifest
 from bertzoo.cpu import native_bf16
 from bertzoo.datafiles import load_split

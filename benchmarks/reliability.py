@@ -1,6 +1,6 @@
 """Faults and shutdowns of `bertzoo serve ARTIFACT --frontends 2`, each against a fresh server on loopback, one run:
 
-    python benchmarks/reliability.py ARTIFACT [--fuzz-passes 5] [--soak-minutes 10] [--json OUT.json]
+    python -m benchmarks.reliability ARTIFACT [--fuzz-passes 5] [--soak-minutes 10] [--json OUT.json]
 
 1. SIGTERM with 3 Health.Watch streams open: seconds to exit, the exit code, what the watchers were told;
 2. SIGKILL of the engine process with watchers open: seconds until the server exits, its code, and whether the
@@ -34,9 +34,9 @@ import time
 from pathlib import Path
 
 import grpc
-from processes import HealthWatchers, connections, free_port, memory_mb, steady_calls
-from timing import machine
 
+from benchmarks.common.processes import HealthWatchers, connections, free_port, memory_mb, steady_calls
+from benchmarks.common.timing import machine
 from bertzoo.serving.client import BertzooClient, channel_options
 from bertzoo.serving.proto import pb2, pb2_grpc
 

@@ -1,7 +1,7 @@
 """Two ways of starting `bertzoo serve`, side by side: alternating rounds of the same closed-loop load, so the machine's
 drift falls on both equally. For server-side levers worth a few percent, which one run of each cannot show.
 
-    python benchmarks/serve_ab.py ARTIFACT --data ../shared/data/ids-sst-dev.csv \
+    python -m benchmarks.serve_ab ARTIFACT --data ../shared/data/ids-sst-dev.csv \
         --arm this="python -m bertzoo" --arm before="/tmp/venv-before/bin/bertzoo" \
         --rounds 4 --seconds 15 -- --variant int8 --instances 2
 
@@ -23,10 +23,9 @@ import json
 import shlex
 import sys
 
-from processes import free_port, start_bertzoo, stop
-from server_loads import closed_loop, measured_load, open_loop
-from timing import machine
-
+from benchmarks.common.processes import free_port, start_bertzoo, stop
+from benchmarks.common.server_loads import closed_loop, measured_load, open_loop
+from benchmarks.common.timing import machine
 from bertzoo.serving.load import load_items
 
 

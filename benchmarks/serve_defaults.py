@@ -1,6 +1,6 @@
 """`bertzoo serve ARTIFACT` with no engine flags against every engine forced, and the peer, on this machine, one run.
 
-    python benchmarks/serve_defaults.py ARTIFACT --data ../shared/data/ids-sst-dev.csv \
+    python -m benchmarks.serve_defaults ARTIFACT --data ../shared/data/ids-sst-dev.csv \
         [--infinity VENV --infinity-models MODELS] [--rounds 2] [--json results/serve_defaults_DATE_CPU.json]
 
 ARTIFACT is a `bertzoo export --optimize --int8` output. Each server in turn, alternating over --rounds (the 2-core
@@ -29,11 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from infinity_peer import infinity_rows
-from processes import free_port, start_bertzoo, stop
-from server_loads import closed_loop
-from timing import machine
-
+from benchmarks.common.infinity_peer import infinity_rows
+from benchmarks.common.processes import free_port, start_bertzoo, stop
+from benchmarks.common.server_loads import closed_loop
+from benchmarks.common.timing import machine
 from bertzoo.serving.client import BertzooClient
 from bertzoo.serving.load import load_items
 

@@ -1,6 +1,6 @@
 """`bertzoo serve --frontends N`: what the request path can carry with N front-end processes, side by side in one run.
 
-    python benchmarks/serve_frontends.py --probe DIR [--artifact ARTIFACT] [--data ../shared/data/ids-sst-dev.csv] \
+    python -m benchmarks.serve_frontends --probe DIR [--artifact ARTIFACT] [--data ../shared/data/ids-sst-dev.csv] \
         [--frontends 1 2] [--rounds 3] [--json FILE]
 
 1. **Front-end capacity**, on a *front-end probe*: a 1-layer, hidden-32 model with random weights (built into DIR by
@@ -34,8 +34,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from processes import effective_config, free_port, start_bertzoo, stat_cpu_seconds, stop
-from serve_h2load import (
+from benchmarks.common.processes import effective_config, free_port, start_bertzoo, stat_cpu_seconds, stop
+from benchmarks.common.served_variants import VARIANTS, in_process_ceiling
+from benchmarks.common.timing import machine
+from benchmarks.serve_h2load import (
     RPC,
     grpc_bodies,
     h2load,
@@ -47,9 +49,6 @@ from serve_h2load import (
     quantiles_by_length,
     request_texts,
 )
-from served_variants import VARIANTS, in_process_ceiling
-from timing import machine
-
 from bertzoo.serving.load import load_items
 
 # Part 3's servers: what `bertzoo serve ARTIFACT` ran before its defaults followed the machine, and what it runs now.

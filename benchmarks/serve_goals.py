@@ -1,9 +1,9 @@
 """The serving goals' ratios with their spread: alternating rounds of the in-process ceiling, `bertzoo serve` and the
 peer server, each ratio taken within a round, then its mean and 95% t-interval over the rounds.
 
-    python benchmarks/serve_goals.py ARTIFACT --data ../shared/data/ids-sst-dev.csv \
+    python -m benchmarks.serve_goals ARTIFACT --data ../shared/data/ids-sst-dev.csv \
         --infinity VENV --infinity-models MODELS [--variants fp32,int8 --rounds 6 --seconds 15 --out RUN.json]
-    python benchmarks/serve_goals.py --report RUN.json [RUN2.json ...]     # the table again, runs pooled
+    python -m benchmarks.serve_goals --report RUN.json [RUN2.json ...]     # the table again, runs pooled
 
 serve_speed.py measures every ratio once. On a shared VM one run's ratio moves by more than the distance between
 several of the goals and their lines (the peer's own rate moved 121-146 sentences/s between four runs of one day),
@@ -30,13 +30,12 @@ import os
 import sys
 from pathlib import Path
 
-from infinity_peer import INFINITY_ENGINES, infinity_row, sentences_file
-from intervals import mean_ci
-from processes import free_port, start_bertzoo, stop
-from served_variants import VARIANTS, ceiling_at, in_process_ceiling
-from server_loads import closed_loop, measured_load, open_loop
-from timing import machine
-
+from benchmarks.common.infinity_peer import INFINITY_ENGINES, infinity_row, sentences_file
+from benchmarks.common.intervals import mean_ci
+from benchmarks.common.processes import free_port, start_bertzoo, stop
+from benchmarks.common.served_variants import VARIANTS, ceiling_at, in_process_ceiling
+from benchmarks.common.server_loads import closed_loop, measured_load, open_loop
+from benchmarks.common.timing import machine
 from bertzoo.serving.load import load_items
 
 

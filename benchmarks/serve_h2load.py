@@ -2,7 +2,7 @@
 the same sentences, side by side. On 2 shared cores whatever the client burns the server lacks: this measures how
 much of the gap to the in-process ceiling that is (RESULTS.md: a few percent at most).
 
-    python benchmarks/serve_h2load.py ARTIFACT --data ../shared/data/ids-sst-dev.csv [--variants int8 fp32] \
+    python -m benchmarks.serve_h2load ARTIFACT --data ../shared/data/ids-sst-dev.csv [--variants int8 fp32] \
         [--generators h2load h2load-http python] [--per-request 32] [--infinity VENV --infinity-models MODELS] \
         [-- --instances 2]
         # after --: flags for `bertzoo serve`; h2load-http: the same load over HTTP/1.1 (--http-port's routes)
@@ -31,12 +31,11 @@ import time
 from functools import partial
 from pathlib import Path
 
-from infinity_peer import INFINITY_ENGINES, infinity_rows, start_infinity
-from processes import cpu_seconds, effective_config, free_port, scrape_metrics, start_bertzoo, stop
-from served_variants import VARIANTS, in_process_ceiling
-from server_loads import closed_loop, measured_load
-from timing import machine
-
+from benchmarks.common.infinity_peer import INFINITY_ENGINES, infinity_rows, start_infinity
+from benchmarks.common.processes import cpu_seconds, effective_config, free_port, scrape_metrics, start_bertzoo, stop
+from benchmarks.common.served_variants import VARIANTS, in_process_ceiling
+from benchmarks.common.server_loads import closed_loop, measured_load
+from benchmarks.common.timing import machine
 from bertzoo.artifact import load_manifest
 from bertzoo.serving.load import load_items
 from bertzoo.serving.proto import pb2

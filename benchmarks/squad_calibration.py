@@ -1,6 +1,6 @@
 """SQuAD 2.0 no-answer threshold: fixed at 0, the checkpoint's own, and calibrated on dev articles (two-fold).
 
-    python benchmarks/squad_calibration.py CHECKPOINT --data ../shared/data
+    python -m benchmarks.squad_calibration CHECKPOINT --data ../shared/data
 
 The checkpoint's own threshold is the one ``bertzoo train`` fitted on training articles it held out
 (trainer/calibration.py), so it never saw a dev question; its margin over always-no-answer comes with 95% bootstrap
@@ -26,6 +26,7 @@ import time
 
 import numpy as np
 
+from benchmarks.common.timing import machine
 from bertzoo import pipeline
 from bertzoo.datafiles import load_split
 from bertzoo.qa import SpanPrediction, abstainer_auc, best_null_threshold, squad_metrics, with_null_threshold
@@ -180,6 +181,7 @@ def main() -> None:
     if args.held_out_spread:
         report["held_out_spread"] = held_out_spread(model, train_config, args.data, tokenizer, examples, by_id,
                                                     args.held_out_spread)
+    report["machine"] = machine()
     print(json.dumps(report, indent=2))
     if args.json_out:
         with open(args.json_out, "w") as f:

@@ -1,6 +1,6 @@
 """Train the baseline multitask model on the full data, then evaluate it on dev; print metrics, steps/s, peak memory.
 
-    python benchmarks/train_baseline.py --data ../shared/data --out runs/baseline -- --max-steps 1000 \
+    python -m benchmarks.train_baseline --data ../shared/data --out runs/baseline -- --max-steps 1000 \
         --qa-max-length 256 --qa-doc-stride 96
 
 Everything after ``--`` goes to ``bertzoo train`` unchanged. Training and evaluation run as child processes, so the
@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from benchmarks.common.timing import machine
 
 
 def run(cmd: list[str]) -> float:
@@ -42,7 +44,8 @@ def main() -> None:
     train_loop_s = max(r.get("elapsed_s", 0.0) for r in records)
     metrics = json.loads(metrics_path.read_text())
     print(json.dumps({
-        "steps": steps, "train_wall_s": round(train_s, 1), "train_loop_s": train_loop_s,
+        "machine": machine(), "options": train_args, "steps": steps, "train_wall_s": round(train_s, 1),
+        "train_loop_s": train_loop_s,
         "steps_per_s": round(steps / train_loop_s, 3), "eval_wall_s": round(eval_s, 1),
         "peak_rss_mib": round(peak_mib), "dev": metrics,
     }, indent=2))

@@ -1,7 +1,7 @@
 """Each seed paper's own claim, tested in its own setting against the baseline trained the same way, over seeds.
 
-    python benchmarks/zoo_claims.py --data ../shared/data --out /tmp/claims --claims ssaf_sst5 --seeds 0,1,2
-    python benchmarks/zoo_claims.py --data ../shared/data --out /tmp/claims --report      # the table only
+    python -m benchmarks.zoo_claims --data ../shared/data --out /tmp/claims --claims ssaf_sst5 --seeds 0,1,2
+    python -m benchmarks.zoo_claims --data ../shared/data --out /tmp/claims --report      # the table only
 
 A claim is a setting (tasks, budget) and arms (the baseline and the paper's system, as ``bertzoo train`` options).
 Every (claim, arm, seed) trains in its own child process into ``OUT/<claim>/<arm>/seed<k>``. When it finishes, its
@@ -31,8 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from intervals import difference_ci, mean_ci
-
+from benchmarks.common.intervals import difference_ci, mean_ci
 from bertzoo.atomic import atomic_write_text
 
 
@@ -61,8 +60,8 @@ _SST5 = ("--tasks", "sentiment", "--epochs", "2")
 # The CS224N multitask setting of papers 000 and 004: three sentence tasks, no QA.
 _MULTI = ("--tasks", "sentiment,paraphrase,similarity", "--epochs", "2")
 _MULTI_METRICS = (("sentiment", "accuracy"), ("paraphrase", "accuracy"), ("similarity", "pearson"))
-# Paper 003 in the setting of benchmarks/ag_convergence.py (a 4-layer, 256-wide BERT from random weights, 8 heads so
-# that AG guides one [Next], one [Prev] and two [First] heads per layer, alpha_0 = 10), 4x its budget: 2,000 steps.
+# Paper 003 from random weights: a 4-layer, 256-wide BERT, 8 heads so that AG guides one [Next], one [Prev] and two
+# [First] heads per layer, alpha_0 = 10; 2,000 steps (4x the first experiment's budget).
 _AG_MODEL = ("num_hidden_layers=4", "hidden_size=256", "num_attention_heads=8", "intermediate_size=1024",
              "max_position_embeddings=64")
 AG_PRETRAINING = Pretraining(

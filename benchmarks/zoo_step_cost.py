@@ -1,8 +1,8 @@
 """What the zoo's training-time additions cost per step, with their spread: SSAF, AG and SSA against the baseline, on
 one task (SST-5 sentiment), the real backbone and data, in rounds that alternate the arms' order.
 
-    python benchmarks/zoo_step_cost.py --data ../shared/data --out /tmp/zoo_cost [--steps 60] [--rounds 2]
-    python benchmarks/zoo_step_cost.py --data ../shared/data --out /tmp/bf16_cost --arms baseline,bf16 --task qa
+    python -m benchmarks.zoo_step_cost --data ../shared/data --out /tmp/zoo_cost [--steps 60] [--rounds 2]
+    python -m benchmarks.zoo_step_cost --data ../shared/data --out /tmp/bf16_cost --arms baseline,bf16 --task qa
 
 Each (round, arm) is one `bertzoo train` child process with the arm's options on one task (``--task``, sentiment by
 default); its training log gives the median step time (data to optimizer step) of every window of 10 steps. An
@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from timing import machine
+from benchmarks.common.timing import machine
 
 ARMS = {"baseline": ("--preset", "baseline"), "ssaf": ("--preset", "ssaf"), "ag": ("--preset", "ag"),
         "ssa": ("--preset", "ssa"), "bf16": ("--preset", "baseline", "--precision", "bf16"),

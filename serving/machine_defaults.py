@@ -99,6 +99,6 @@ def engines(device: str) -> int:
       replica holds its own copy of the model; measured on the 2-core VM (RESULTS.md, "Serving on CPU", "Engine
       replicas against instances").
     - GPU: each replica brings its own CUDA graphs and stream, so one prepares its batch while another's runs; the
-      prepared GPU benchmark (``benchmarks/gpu_serving.sh``) measures 1 against 2 and 4 replicas. Until it has run,
+      prepared GPU benchmark (``benchmarks/gpu/gpu_serving.sh``) measures 1 against 2 and 4 replicas. Until it has run,
       ``auto`` stays 1: force ``--engines`` to compare."""
     return 1

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import socket
-import sys
 import threading
 import time
 from pathlib import Path
@@ -13,19 +11,6 @@ from pathlib import Path
 import pytest
 
 from bertzoo.datafiles import samples_dir
-
-
-def load_benchmark(name: str):
-    """A script of benchmarks/ (not a package) as a module, registered in sys.modules (dataclasses look it up). The
-    folder goes on sys.path, as it does for a script run from there: the scripts import each other."""
-    folder = Path(__file__).resolve().parent.parent / "benchmarks"
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
-    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -8,13 +8,13 @@ import json
 
 import pytest
 
+from benchmarks import precision_agreement as precision_agreement_script
 from bertzoo.datafiles import samples_dir
-from conftest import load_benchmark
 
 
 def test_report_has_every_task_and_candidate(tiny_artifact, tmp_path, capsys):
     _, artifact = tiny_artifact
-    bench = load_benchmark("precision_agreement")
+    bench = precision_agreement_script
     out = tmp_path / "agreement.json"
     report = bench.main([str(artifact), "--data", str(samples_dir()), "--limit", "6", "--threads", "1",
                          "--openvino-cache", str(tmp_path / "ov"), "--json", str(out)])

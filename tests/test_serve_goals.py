@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import load_benchmark
+from benchmarks import serve_goals as serve_goals_script
 
 
 @pytest.fixture(scope="module")
 def serve_goals():
-    return load_benchmark("serve_goals")
+    return serve_goals_script
 
 
 def a_round(fp32: float, ceiling: float, int8: float, peer: float, p50: float, p99: float) -> dict:

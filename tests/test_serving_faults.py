@@ -12,9 +12,10 @@ import time
 import grpc
 import pytest
 
+from benchmarks.common import processes as bench_processes
 from bertzoo.serving.grpc_server import ServerThread
 from bertzoo.serving.proto import pb2, pb2_grpc
-from conftest import load_benchmark, serve_config
+from conftest import serve_config
 from server_process import ServerProcess
 
 pytestmark = pytest.mark.slow  # real processes
@@ -25,7 +26,7 @@ def test_sigterm_with_health_watchers_open_exits_once_the_calls_are_answered(tin
     _, artifact = tiny_artifact
     with ServerProcess(artifact, "--shutdown-grace", "30", frontends=frontends) as server:
         server.wait_ready()
-        watchers = load_benchmark("processes").HealthWatchers(server.target)
+        watchers = bench_processes.HealthWatchers(server.target)
         began = time.monotonic()
         code = server.stop(signal.SIGTERM)
         took = time.monotonic() - began
@@ -40,7 +41,7 @@ def test_a_dead_engine_ends_the_server_in_about_a_second_with_watchers_open(tiny
     _, artifact = tiny_artifact
     with ServerProcess(artifact, "--backend", "openvino", "--precision", "fp32") as server:
         server.wait_ready()
-        watchers = load_benchmark("processes").HealthWatchers(server.target)
+        watchers = bench_processes.HealthWatchers(server.target)
         [engine] = server.children("bertzoo-engine")
         began = time.monotonic()
         os.kill(engine, signal.SIGKILL)
@@ -57,7 +58,7 @@ def test_a_restarted_front_end_gets_its_share_of_connections_back(tiny_artifact)
     _, artifact = tiny_artifact
     with ServerProcess(artifact, "--max-connection-age", "2") as server:
         server.wait_ready()
-        processes = load_benchmark("processes")
+        processes = bench_processes
         with processes.steady_calls(server.target, 32):
             time.sleep(1.0)
             victim = server.children("bertzoo-fe-")[0]

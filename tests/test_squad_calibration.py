@@ -7,12 +7,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from conftest import load_benchmark
+from benchmarks import squad_calibration as squad_calibration_script
 
 
 @pytest.fixture(scope="module")
 def calibration():
-    return load_benchmark("squad_calibration")
+    return squad_calibration_script
 
 
 # Two unanswerable questions (a, b) and two answerable ones (c, d); b and c share a null margin.

@@ -19,10 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks.common.triton_peer import start_triton
 from bertzoo.export.exporter import ExportOptions, export_checkpoint
 from bertzoo.serving.client import BertzooClient
 from bertzoo.serving.grpc_server import ServerThread
-from conftest import load_benchmark, serve_config
+from conftest import serve_config
 
 VENV = Path(os.environ.get("BERTZOO_TRITON_VENV", "/nonexistent"))
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not (VENV / "bin" / "tritonserver").exists(),
@@ -33,13 +34,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not (VENV / "bin" / "tritonse
 @pytest.fixture(scope="module")
 def triton(tiny_artifact, tmp_path_factory):
     """(HTTP base URL, artifact) of a tritonserver serving the tiny model's ``bertzoo`` model alone (started as
-    benchmarks/serve_triton.py starts it)."""
+    benchmarks/common/triton_peer.py starts it)."""
     run, _ = tiny_artifact
     folder = tmp_path_factory.mktemp("triton-server")
     artifact = folder / "artifact"
     export_checkpoint(run, artifact, ExportOptions(triton=True, parity_limit=8))
     settings = argparse.Namespace(artifact=str(artifact), triton=str(VENV), instances=2, threads=2)
-    process, _, http_port = load_benchmark("serve_triton").start_triton(settings, "fp32", folder)
+    process, _, http_port = start_triton(settings, "fp32", folder)
     try:
         yield f"http://127.0.0.1:{http_port}", artifact
     finally:

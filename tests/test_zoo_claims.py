@@ -8,16 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from conftest import load_benchmark
+from benchmarks import zoo_claims as zoo_claims_script
+from benchmarks.common import intervals as bench_intervals
 
 
 @pytest.fixture(scope="module")
 def zoo_claims():
-    return load_benchmark("zoo_claims")
+    return zoo_claims_script
 
 
 def test_mean_and_welch_intervals_match_the_textbook():
-    intervals = load_benchmark("intervals")
+    intervals = bench_intervals
     mean, var, half = intervals.mean_ci([1.0, 2.0, 3.0])
     assert (mean, var) == (2.0, 1.0) and half == pytest.approx(4.303 * math.sqrt(1 / 3))
     # equal variances and sizes: Welch's df = 2 (n - 1) = 4

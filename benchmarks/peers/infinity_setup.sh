@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The peer server infinity-emb 0.0.78 at its best CPU engines, in a virtual environment of its own (it is never a
-# bertzoo dependency), for benchmarks/serve_speed.py --infinity VENV --infinity-models MODELS:
+# bertzoo dependency), for the serving benchmarks' --infinity VENV --infinity-models MODELS (benchmarks/README.md):
 #
 #     bash benchmarks/peers/infinity_setup.sh /tmp/infinity-venv /tmp/infinity-models
 #

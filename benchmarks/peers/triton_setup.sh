@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Triton Inference Server on the CPU, in a virtual environment of its own (never a bertzoo dependency), for
-# benchmarks/serve_triton.py --triton VENV:
+# tests/test_triton_server.py (BERTZOO_TRITON_VENV=VENV) and benchmarks/common/triton_peer.py:
 #
 #     bash benchmarks/peers/triton_setup.sh /tmp/triton-venv
 #

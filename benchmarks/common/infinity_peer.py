@@ -11,7 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from processes import cpu_seconds, free_port, memory_mb, start, stop
+from benchmarks.common.processes import cpu_seconds, free_port, memory_mb, start, stop
 
 INFINITY_ENGINES = {"infinity-emb, torch engine, fp32": ("torch", "torch"),
                     "infinity-emb, optimum engine, fp32 (graph-optimized)": ("optimum", "onnx-fp32"),

@@ -12,8 +12,8 @@ import time
 
 import grpc
 import numpy as np
-from processes import cpu_seconds
 
+from benchmarks.common.processes import cpu_seconds
 from bertzoo.serving.load import run_load
 from bertzoo.serving.proto import pb2, pb2_grpc
 

@@ -1,4 +1,4 @@
-"""Timing helper shared by the benchmark scripts (run as ``python benchmarks/NAME.py``, so this folder is on sys.path)."""
+"""Timing and the machine a figure was measured on, as every benchmark records them."""
 
 from __future__ import annotations
 
