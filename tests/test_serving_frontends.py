@@ -3,6 +3,7 @@ a subprocess, against the same artifact answered by the one-process server."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -14,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
+from prometheus_client.mmap_dict import MmapedDict
 
 from bertzoo.serving.client import BertzooClient, channel_options
 from bertzoo.serving.grpc_server import ServerThread
@@ -34,6 +36,16 @@ def answers(client: BertzooClient) -> list:
     return [[str(x) for x in part] for part in got]
 
 
+def requests_counted_by(pid: int) -> float:
+    """The calls process ``pid`` counted in bertzoo_requests_total: its own file of the metrics' multiprocess folder
+    (which it inherited in PROMETHEUS_MULTIPROC_DIR), read as prometheus_client reads it to merge the view."""
+    environ = dict(item.split("=", 1) for item in
+                   open(f"/proc/{pid}/environ", "rb").read().decode().split("\0") if "=" in item)
+    path = f"{environ['PROMETHEUS_MULTIPROC_DIR']}/counter_{pid}.db"
+    return sum(value for key, value, *_ in MmapedDict.read_all_values_from_file(path)
+               if json.loads(key)[1] == "bertzoo_requests_total")  # (metric, sample, label names, values, help)
+
+
 def test_frontends_answer_as_one_process_does_with_one_metrics_view(tiny_artifact):
     _, artifact = tiny_artifact
     with ServerThread(serve_config(artifact)) as single, \
@@ -42,8 +54,9 @@ def test_frontends_answer_as_one_process_does_with_one_metrics_view(tiny_artifac
     with ServerProcess(artifact) as server:
         server.wait_ready()
         assert len(server.children()) == 3  # the engine and two front ends
-        # Each client on a connection of its own: the kernel spreads connections over the front ends.
-        for _ in range(6):
+        # Each client on a connection of its own: the kernel spreads connections over the front ends (SO_REUSEPORT,
+        # by a hash of the connection: all 16 on one of the two has a chance of 2 in 65,536).
+        for _ in range(16):
             with BertzooClient(server.target) as client:
                 assert answers(client) == expected
                 info = client.model_info()
@@ -51,7 +64,9 @@ def test_frontends_answer_as_one_process_does_with_one_metrics_view(tiny_artifac
                                                                               "similarity", "qa"]
         text = server.metrics()
         for task in ("sentiment", "paraphrase", "similarity", "qa", "embed"):
-            assert metric(text, "bertzoo_requests_total", task=task, code="OK", protocol="grpc") == 6
+            assert metric(text, "bertzoo_requests_total", task=task, code="OK", protocol="grpc") == 16
+        counted = [requests_counted_by(pid) for pid in server.children("bertzoo-fe")]
+        assert len(counted) == 2 and min(counted) > 0 and sum(counted) == 16 * 6, counted  # 5 tasks + ModelInfo
         assert metric(text, "bertzoo_batch_size_count", lane="main") >= 30  # counted in the engine process
         assert metric(text, "bertzoo_ready") == 1
         assert metric(text, "process_cpu_seconds_total") > 0
