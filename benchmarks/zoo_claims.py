@@ -8,7 +8,7 @@ Every (claim, arm, seed) trains in its own child process into ``OUT/<claim>/<arm
 final dev metrics go to ``RESULTS/<claim>/<arm>/seed<k>.json`` (``--results``, by default the committed
 ``benchmarks/results/zoo_claims``; ``seconds`` there is the run's wall time, including the pre-training it started
 with, if any): a run with a result is never trained again, a run that was killed continues with ``--resume``, so one
-sweep can be spread over several sessions and machines. A run that another claim already finished (the same options
+sweep can be spread over several runs and machines. A run that another claim already finished (the same options
 but the seed: the baselines of claims in one setting) shares that result, marked ``same_run_as``. The report gives,
 per arm, the mean dev score with a 95% t-interval over seeds, and the difference to the baseline with the interval of
 that difference (Welch), which is what says "confirmed" (interval above 0), "refuted" (interval below 0) or
@@ -190,7 +190,7 @@ def train(bertzoo: str, name: str, arm: str, seed: int, out: Path, result: Path,
         backbone = ["--backbone", str(path)]
     run = out / name / arm / f"seed{seed}"
     resume = ["--resume"] if (run / "LATEST").exists() else []
-    # Checkpoints every 10 minutes too (atomic; a resumed run is bit-identical), so a session's end costs little.
+    # Checkpoints every 10 minutes too (atomic; a resumed run is bit-identical), so a run that is cut off loses little.
     data = claim_data(claim, name, data, out)
     run_logged([bertzoo, "train", "--data", data, "--out", str(run), "--seed", str(seed), "--no-progress",
                 "--save-every-minutes", "10", *backbone, *claim.options, *claim.arms[arm], *resume], run)
