@@ -1,9 +1,9 @@
 """Training's memory allocator: tcmalloc where it is installed, preloaded by restarting the process.
 
 Packed batches hold a different number of tokens every step, so every step's activations have new sizes. glibc's
-malloc keeps the memory they free (its heap fragments and is only trimmed from the top): 400 steps of the full-data
-recipe peaked at 4.6 GiB RSS, against 3.2 GiB with tcmalloc, which also ran the loop 11-13% faster (benchmarks/
-RESULTS.md). An allocator can only be swapped before the process starts, so ``bertzoo train`` execs itself again
+malloc keeps the memory they free (its heap fragments and is only trimmed from the top): the full-data recipe peaks
+far higher with it than with tcmalloc, which also runs the loop faster (benchmarks/RESULTS.md, "Training recipe and
+scores"). An allocator can only be swapped before the process starts, so ``bertzoo train`` execs itself again
 with the library in ``LD_PRELOAD`` (as PyTorch's and Intel's CPU launchers do); the restart happens before torch
 is imported, and the new process sees the library already preloaded and goes on.
 """

@@ -1,7 +1,7 @@
 """Packed encoder inputs: a padded batch's real tokens only, and where each of them sits in the padded grid.
 
-Why: nearly all of a small BERT's work is per token (the Q/K/V, output and FFN projections; attention over ~20-30
-tokens is ~1% of it). A padded batch spends that work on its padding too, and the server's batches are ~12% padding.
+Why: nearly all of a small BERT's work is per token (the Q/K/V, output and FFN projections; attention over a
+sentence's few dozen tokens is a small share of it). A padded batch spends that work on its padding too.
 The exported encoder graph therefore takes its tokens packed, runs every per-token layer on those alone, and uses
 the padded grid only inside attention (``trainer/model.py``, ``Packing``). Its output is padded again, so heads,
 pooling and post-processing see the same [batch, seq, hidden] states as before (zeros at padding).

@@ -29,7 +29,7 @@ no answer) that mostly does not hold on them. ``close`` keeps the overlap: the e
 number of the same shape from the paragraph itself (falling back to ``far``'s swap when it has none), and ``other``
 takes the paragraph of the article that shares the most words with the question. A swap within the paragraph can
 now and then still have an answer: label noise again. Measured, ``close`` taught the abstainer less than ``far``
-(benchmarks/RESULTS.md), so ``far`` is the default.
+(benchmarks/RESULTS.md, "Training recipe and scores"), so ``far`` is the default.
 
 Torch-free and deterministic for a seed, so a resumed run rebuilds exactly the same training set.
 """

@@ -29,8 +29,8 @@ DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 384)
 DEFAULT_BATCH_SIZES = (1, 8, 32, 64)
 
 # What to do when a variant misses its parity gate. int8 moves some models' states further than its bounds allow (an
-# SSAF model trained on the bundled samples: 3.5x a softmax one's median change, benchmarks/RESULTS.md); an fp32
-# graph that misses is the export's fault.
+# SSAF model trained on the bundled samples, much further than a softmax one: benchmarks/RESULTS.md, "Export parity
+# and speed"); an fp32 graph that misses is the export's fault.
 PARITY_ADVICE = {
     "int8": "int8 moves this model's outputs past its bounds: export without --int8",
     "optimized": "ONNX Runtime's fusions move this model's outputs past its bounds: export without --optimize",

@@ -13,7 +13,7 @@ the packed ``encoder.onnx`` bertzoo's own server runs: Triton batches requests a
 
 An encoder served on the CPU is loaded at ONNX Runtime's basic optimization level (``optimization { graph { level:
 -1 } }``): every level above it makes fusions whose CPU kernels are slower than the ops they replace on the padded
-graphs (fp32 1.07-1.09x and int8 1.23-1.29x faster without them, benchmarks/RESULTS.md).
+graphs (figures: benchmarks/RESULTS.md, "Export parity and speed").
 ``encoder.padded.int8.onnx`` is written with ONNX Runtime's other load-time fusions already applied
 (``ort_tools.bake_cpu_graph``), so it loses nothing.
 
@@ -111,7 +111,7 @@ parameters: { key: "THREADS", value: { string_value: "1" } }
 
 
 # The ``bertzoo`` model's rows per execute call where the encoder runs on the CPU: in a real Triton on 2 cores (int8,
-# 64 clients), 16 served 1.11x and 8 1.11x what 64 did, as batches of 16 beat 64 in-process (benchmarks/RESULTS.md).
+# 64 clients), 16 and 8 served more than 64 did, as batches of 16 beat 64 in-process.
 CPU_TEXT_BATCH = 16
 
 

@@ -3,9 +3,8 @@
 A request becomes :class:`~bertzoo.serving.engine.Work` items (a sentence, a pair, a QA item's windows); each item
 is queued under the "bucket" of its longest sequence, and a batch is cut from one bucket at a time. The server's
 bucket is the width the item will be padded to: with ``pad_to="longest"`` its length rounded up to 8, so no row of
-a batch carries more than 7 padding tokens (padding is compute thrown away: with the export's coarse buckets
-16 / 32 / 64, about a quarter of the encoder's work on SST sentences was padding, as simulated by
-benchmarks/padding_sim.py); with ``pad_to="bucket"`` the length bucket.
+a batch carries more than 7 padding tokens (padding is compute thrown away, and the export's coarse buckets
+16 / 32 / 64 would pad short sentences far more); with ``pad_to="bucket"`` the length bucket.
 
 - **Which bucket**: the one holding the oldest waiting item, so no request starves behind a busier bucket.
 - **How much**: that bucket's items, oldest first, while the batch stays within ``max_batch_size`` sequences and
@@ -290,8 +289,7 @@ class Batcher:
             if self._in_flight >= self._instance_count and not full and self._instance_count == 1:
                 # Its one instance is busy: collect more items meanwhile. With several, the next batch is cut now:
                 # an instance that waited for the event loop (busy answering the last batch's requests) to cut its
-                # next batch left 0.13 of 2 cores idle; cutting ahead gave int8 +9% sentences/s at 64 clients, and
-                # fp32 p99/p50 2.65 instead of 3.20 at half of its saturation (RESULTS.md).
+                # next batch left its core idle meanwhile.
                 return None
             delay = self._settings.max_queue_delay_ms / 1000.0
             if not self._in_flight and not full and delay > 0 and not self._closing:
@@ -334,7 +332,8 @@ class Batcher:
         self._in_flight += 1
         if self._idle_instances:
             # The instance that finished last: at low load the same one runs every batch, its weights still warm in
-            # the caches (a lone int8 batch ran in 1.80 ms at the median instead of 2.05 when the two alternated).
+            # the caches, so a lone batch runs faster than when the instances alternate (benchmarks/RESULTS.md,
+            # "Serving on CPU").
             instance = self._idle_instances.pop()
             instance[1].submit(self._work, instance, batch)
         else:  # every instance is busy: the first to finish takes it

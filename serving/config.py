@@ -64,13 +64,14 @@ class ServeConfig:
     threads: int | None = None  # intra-op threads of the backend; None: all cores
     # Engine instances in the main lane, each on its own worker thread with threads // instances intra-op threads,
     # running batches side by side (Triton's instance groups). On few cores, two single-threaded instances beat one
-    # two-threaded one on the server's small batches: no waiting for each other inside an operator (RESULTS.md).
+    # two-threaded one on the server's small batches: no waiting for each other inside an operator (figures:
+    # benchmarks/RESULTS.md, "Serving on CPU").
     instances: int = 1
     # With several instances whose threads add up to every usable core, each instance runs on cores of its own (the
-    # event loop on any): 4-7% more sentences/s on 2 cores (serving/workers.py, RESULTS.md). Off: any core.
+    # event loop on any), so the scheduler does not move an engine mid-batch (serving/workers.py). Off: any core.
     pin_instances: bool = True
     # ORT worker threads spin between ops when on. Off by default: a server shares its cores with gRPC, the event loop
-    # and the tokenizer, and spinning threads starve them (measured: +28% throughput with it off, RESULTS.md).
+    # and the tokenizer, and spinning threads starve them (serving/backends/ort.py).
     ort_spinning: bool = False
     # Front-end processes (gRPC, tokenization, post-processing) in front of one engine process (serving/frontends.py);
     # 1: everything in one process. `bertzoo serve` picks it from the machine (serving/machine_defaults.py).

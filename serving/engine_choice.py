@@ -1,6 +1,7 @@
 """``bertzoo serve``'s ``--backend auto --variant auto`` (and ``--instances auto``) on the CPU, chosen by measurement:
 CPU flags do not predict which engine is fastest across CPU vendors and generations (bf16 dot products differ between
-Cooper Lake, Zen 4 and AMX), nor across models and lengths. Figures: benchmarks/RESULTS.md, "The defaults, measured".
+Cooper Lake, Zen 4 and AMX), nor across models and lengths. Figures: benchmarks/RESULTS.md, "Serving on CPU" ("The
+defaults, measured").
 
 At the first start of an artifact on a machine, every engine that keeps fp32-level agreement is timed on the
 artifact's own model, through the server's batch path, on batches of the bundled SST dev sentences (one-sentence

@@ -213,9 +213,10 @@ _SNDMORE, _NOBLOCK = int(zmq.SNDMORE), int(zmq.NOBLOCK)
 class HopSocket:
     """A plain (not asyncio) ZeroMQ socket read from the event loop's reader callback, for either end.
 
-    zmq.asyncio costs a future and several callbacks per message, which made the engine's loop, at ~5,000 requests/s,
-    what bounded a GPU server's rate. ZeroMQ's descriptor signals edges, not levels: once it turns readable every
-    waiting message is read, and every send (which can take that edge) is followed by a read of what came meanwhile.
+    zmq.asyncio costs a future and several callbacks per message, which made the engine's loop what bounded a GPU
+    server's rate (benchmarks/RESULTS.md, "Serving on GPU"). ZeroMQ's descriptor signals edges, not levels: once it
+    turns readable every waiting message is read, and every send (which can take that edge) is followed by a read of
+    what came meanwhile.
     ``on_message`` gets each message's frames (a ROUTER's first frame is the peer's identity)."""
 
     def __init__(self, socket: zmq.Socket, on_message: Callable[[list[bytes]], None]) -> None:

@@ -238,8 +238,8 @@ async def serve(config: ServeConfig, loader: ModelLoader = load_served_model, se
         if loading.done():
             loading.result()  # a failed load ends the server with its error
             # Everything loaded lives as long as the process: out of the collector's sight, a full collection walks
-            # only what requests create. Under a flood, full collections took 61-66 ms (a stall of every call) before,
-            # 3 ms after (benchmarks/RESULTS.md). Only here, in the server's own process: not in ServerThread's host.
+            # only what requests create, so under a flood a full collection no longer stalls every call for long.
+            # Only here, in the server's own process: not in ServerThread's host.
             gc.freeze()
         await stopping
         log.info("stop signal: refusing new calls, finishing accepted ones (up to %.0f s)", config.shutdown_grace)

@@ -49,8 +49,8 @@ class Lanes:
     close: Callable[[], Awaitable[None]]
 
 
-# The long lane's batches: a few QA windows (4 x 384 tokens: ~0.4 s on 2 cores), so a cancelled request or one
-# past its deadline stops soon, and the engine's memory stays that of a small batch.
+# The long lane's batches: a few QA windows (4 x 384 tokens), so a cancelled request or one past its deadline stops
+# soon, and the engine's memory stays that of a small batch.
 LONG_LANE_BATCH_TOKENS = 2048
 
 

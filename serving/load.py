@@ -194,7 +194,7 @@ async def run_load(connection: str | dict, task: str, items: Sequence, *, concur
     async def client() -> None:
         # A connection of its own: by default gRPC gives every channel to one target the same TCP connection (its
         # global subchannel pool), so N clients would be one connection, cheaper for the server than N users are
-        # (int8 ran 1.04x, fp32 1.03x on one, benchmarks/RESULTS.md) and unlike an HTTP peer's N connections.
+        # and unlike an HTTP peer's N connections.
         options = [*channel_options(retries=False), ("grpc.use_local_subchannel_pool", 1)]
         channel = AsyncBertzooClient(**connection, timeout=timeout, options=options)
         try:

@@ -12,9 +12,9 @@ reports the backend, variant and precision, and the README states the rules.
   3. ONNX Runtime's optimized encoder, then fp32, whichever is fastest among those whose report meets fp32's bounds.
   On a GPU: ONNX Runtime (``--device cuda``).
 - ``--instances auto`` (CPU engines): one single-thread engine instance per core on up to 4 cores, one two-thread
-  instance per 2 cores above that, at most 8. Evidence: 2-core VMs only (two single-thread instances served
-  1.15-1.37x one two-thread instance, RESULTS.md, "Serving on CPU"); with ``--backend auto`` the measurement also
-  tries one instance on every core and keeps the faster.
+  instance per 2 cores above that, at most 8. Evidence: 2-core VMs only (two single-thread instances served more
+  than one two-thread instance, benchmarks/RESULTS.md, "Serving on CPU"); with ``--backend auto`` the measurement
+  also tries one instance on every core and keeps the faster.
 - ``--frontends auto``: see :func:`frontends`; ``--engines auto``: see :func:`engines`.
 """
 
@@ -79,13 +79,13 @@ def frontends(device: str, threads: int | None = None) -> int:
     loop takes. A rule, with the machines it was measured on (RESULTS.md, "Serving on CPU" and "Serving on GPU"):
 
     - CPU, one front end per 8 engine cores (``threads`` of them where given, else every usable one). Measured on 2
-      cores only (AMD EPYC VMs): a front end carries about 2,100 one-sentence requests/s per core, the engine a few
-      hundred sentences/s per 2 cores, and 2 front ends served 0.83-0.95x of one process. Above 2 cores the count is
-      an extrapolation, never measured: force ``--frontends`` and compare with ``benchmarks/serve_frontends.py``.
+      cores only (AMD EPYC VMs): a front end's request path costs a fraction of a millisecond of CPU, the engine
+      needs the cores, and 2 front ends served less than one process. Above 2 cores the count is an extrapolation,
+      never measured: force ``--frontends`` and compare with ``python -m benchmarks.serve_frontends``.
     - GPU, half the cores, at most 8. Measured on two H200 hosts of 16 Intel Xeon cores, torch fp16 with CUDA graphs,
-      one-sentence requests from h2load: N = 8 served 1.09x and 1.11x N = 4 (two pairs), N = 12 1.04-1.10x N = 8
-      (three pairs): 12 beat 8 each time, by little, while the engine process's loop bounds the rate; 8 is kept to
-      leave the engine its cores. Other core counts were not measured."""
+      one-sentence requests from h2load: N = 8 served a little more than N = 4, and N = 12 a little more than N = 8,
+      while the engine process's loop bounds the rate; 8 is kept to leave the engine its cores. Other core counts
+      were not measured."""
     n = cores()
     if device == "cuda":
         return max(1, min(8, n // 2))

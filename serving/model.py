@@ -183,7 +183,7 @@ def largest_batches(settings: BatchSettings, longest: int) -> list[tuple[int, in
 
 def release_freed_memory() -> None:
     """Hand the heap's freed pages back to the operating system (glibc): loading an engine parses its ONNX files into
-    objects freed once the sessions exist, ~50 MB per engine that resident memory would otherwise keep."""
+    objects freed once the sessions exist, memory that the process's resident size would otherwise keep."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to do

@@ -5,8 +5,8 @@ An engine is built on its worker (so the threads it starts, such as ONNX Runtime
 worker's priority and cores: Linux threads inherit both from their creator) and runs every batch there.
 
 Why cores of their own: beside the event loop, gRPC's poller and the tokenizer, two one-thread engines left
-unplaced are moved between the cores by the scheduler mid-batch. Each on its own core served 4-7% more sentences/s
-at 64 clients (int8 and fp32, 2 cores, RESULTS.md); the event loop still runs on any core.
+unplaced are moved between the cores by the scheduler mid-batch. Each on its own core served more sentences/s at 64
+clients (int8 and fp32, 2 cores); the event loop still runs on any core.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ log = logging.getLogger("bertzoo.serving")
 # CPU priorities (Linux nice values) of the lanes' workers. The event loop (network, validation, refusals) keeps the
 # normal priority, so while the engine saturates every core a request is still accepted, queued or refused at once.
 # The long lane's worker takes only what the main lane leaves: beside a long-lane worker of equal priority a
-# one-sentence encoder call's p99 went from 11 ms to 25.6 ms; at nice 19, 16.9 ms (2 cores, RESULTS.md).
+# one-sentence encoder call's tail latency grew far more than at nice 19 (a one-sentence request beside the lane's
+# worst cases: benchmarks/RESULTS.md, "Reliability").
 MAIN_LANE_NICE = 5
 LONG_LANE_NICE = 19
 

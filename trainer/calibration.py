@@ -1,11 +1,11 @@
 """The SQuAD 2.0 no-answer threshold, fitted during training on articles held out of the training data.
 
 A QA model answers "no answer" when ``null_score - best span score`` exceeds a threshold. Left at 0, a model trained
-on this project's data answers far too often (run 4 in benchmarks/RESULTS.md: it abstained on 35% of the real
-unanswerable dev questions, and the best threshold there was near -6). So ``bertzoo train`` holds out whole articles
-of its QA training data, never trains on them, and after each checkpoint's training fits the threshold on them;
-the checkpoint stores it (``ModelConfig.qa_null_threshold``), so ``bertzoo eval``, ``predict``, the export and the
-server all use it.
+on this project's data answers far too often: it abstains on only a minority of the real unanswerable dev questions,
+and the thresholds fitted since lie far below 0 (benchmarks/RESULTS.md, "Training recipe and scores"). So ``bertzoo
+train`` holds out whole articles of its QA training data, never trains on them, and after each checkpoint's training
+fits the threshold on them; the checkpoint stores it (``ModelConfig.qa_null_threshold``), so ``bertzoo eval``,
+``predict``, the export and the server all use it.
 
 Held out are the articles with the most *real* unanswerable questions, because synthetic negatives are easier than
 the ones SQuAD 2.0's annotators wrote and a threshold fitted on them answers too often. At least one article with

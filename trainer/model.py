@@ -96,7 +96,7 @@ class Packing(NamedTuple):
         """[n, d] tokens -> [rows, seq, d], zeros at padding."""
         if x.requires_grad:
             # Training: a scatter, whose backward is a gather. The gather below has for backward a scatter-add of
-            # every padding cell into one row, 3x slower on a CPU (the two give the same values).
+            # every padding cell into one row, much slower on a CPU (the two give the same values).
             grid = x.new_zeros(rows * seq, x.shape[-1]).index_copy(0, self.token_index, x)
         else:
             # Inference and export: one gather (ONNX GatherND) from the tokens and a zero row.

@@ -2,7 +2,8 @@
 
 ``auto`` is bf16 on a GPU that supports it and fp32 on a CPU, so a CPU run gives the same numbers on every machine
 and the recorded CPU figures stay reproducible. On a CPU with native bf16 (avx512_bf16, AMX) bf16 is opt-in and
-faster per step (benchmarks/RESULTS.md, "bf16 autocast on the CPU"); on one without, oneDNN emulates it, slower than
+faster per step (benchmarks/RESULTS.md, "Training recipe and scores", its subsection "bf16 autocast on the CPU");
+on one without, oneDNN emulates it, slower than
 fp32. A CPU run says at its start when its precision is not the fast one for its CPU.
 """
 

@@ -75,8 +75,8 @@ def prepare(models: dict, options, providers: list[str], sparsegen: str = "auto"
     - ``formulation``: each function swapped for the sort-free ORT formulation (export/sparsegen_onnx.py).
     - ``function``: the models as exported (the sort-based function body: TopK, CumSum).
     - ``auto``: native when ORT runs on the CPU alone and the kernel builds; else the formulation on the CPU, and the
-      function body on a GPU. Measured on an H100 (benchmarks/RESULTS.md): every op of the function body runs on the
-      CUDA provider, 3.9 ms at b8/s128 against 10.7 ms for the formulation, whose Loop copies to the host each step.
+      function body on a GPU. On an H100 every op of the function body runs on the CUDA provider, faster than the
+      formulation, whose Loop copies to the host each step.
 
     Returns the models and whether the native kernel is in use."""
     from bertzoo.export.sparsegen_onnx import carries_function, with_ort_formulation

@@ -40,9 +40,9 @@ def default_cache_dir() -> Path:
 
 
 # Input shapes whose prepared kernels and buffers OpenVINO's CPU plugin keeps (least recently used out). Its default,
-# 5,000, let an engine grow by ~1.6 MB for every new (rows, width) a server meets, and a server meets thousands (up to
-# 64 rows x 48 widths): MiniLM's bf16 engine went from 210 MB to 1,145 MB over 584 shapes, to 527 MB and flat with 64,
-# at the same speed on the shapes that recur (benchmarks/RESULTS.md, "Reliability").
+# 5,000, let an engine grow by megabytes for every new (rows, width) a server meets, and a server meets thousands (up
+# to 64 rows x 48 widths); with 64 the engine stays flat, at the same speed on the shapes that recur (figures:
+# benchmarks/RESULTS.md, "Reliability").
 RUNTIME_CACHE_SHAPES = 64
 # oneDNN's JIT kernels (primitives) the CPU plugin keeps, process-wide, least recently used out: with its default of
 # 1,024 an engine kept growing under hostile traffic after its largest batch, with 256 it held nearly flat at the same
@@ -55,7 +55,7 @@ def compile_config(precision: str, threads: int | None) -> dict:
     """OpenVINO's CPU settings for one engine on ``threads`` threads (None: every core). An engine on fewer threads
     than the machine has cores is one of several (``serve --instances``) and runs unpinned: OpenVINO pins each
     compiled model's threads to the same first cores, so two one-thread engines shared one core and together ran
-    at the speed of one (benchmarks/RESULTS.md)."""
+    at the speed of one."""
     cores = os.cpu_count() or 1
     threads = threads or cores
     return {"INFERENCE_PRECISION_HINT": OV_PRECISION[precision], "PERFORMANCE_HINT": "LATENCY",

@@ -22,7 +22,7 @@ def session_options(threads: int | None = None, spinning: bool = False):
     """ORT settings: all graph optimizations; ``threads`` intra-op threads (default: all cores) and one inter-op
     thread (our graphs are sequential). Spinning keeps worker threads hot between the ops of one batch: lower latency
     for a process that has the cores to itself (a benchmark), but a server shares them with gRPC and the tokenizer,
-    where spinning cost 28% of throughput (RESULTS.md), so it is off unless asked for."""
+    whose work spinning threads hold up, so it is off unless asked for."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -37,10 +37,9 @@ def session_options(threads: int | None = None, spinning: bool = False):
 
 
 # Fusions ONNX Runtime makes when it loads a graph on a [batch, seq, hidden] grid (the padded encoders; the packed
-# one never matches them) whose CPU kernels cost more than the ops they replace: SkipLayerNormalization took 3.8x the
-# time of its LayerNormalization and residual Add in the int8 encoder, BiasGelu ~1.5x its Gelu, and the padded int8
-# encoder ran 1.23-1.29x faster without both (ORT 1.32, benchmarks/RESULTS.md). CPU sessions are made without them; on a
-# GPU they stay.
+# one never matches them) whose CPU kernels cost more than the ops they replace (SkipLayerNormalization against its
+# LayerNormalization and residual Add, BiasGelu against its Gelu), so the padded encoders run faster without both
+# (figures: benchmarks/RESULTS.md, "Export parity and speed"). CPU sessions are made without them; on a GPU they stay.
 SLOW_CPU_FUSIONS = ("SkipLayerNormFusion", "BiasGeluFusion")
 
 
@@ -52,7 +51,7 @@ def disabled_fusions(device: str) -> list[str]:
 # ONNX Runtime's CPU arena keeps the largest block a batch ever needed. A batch bigger than this (rows x width^2:
 # attention's share of the memory) gives its blocks back when it ends, so one worst-case input cannot leave the
 # server holding gigabytes. 64 x 96^2 covers full batches of sentences up to 96 tokens and 4 QA windows of 384; giving
-# blocks back after every batch would cost ~30% on small ones (measured: benchmarks/RESULTS.md).
+# blocks back after every batch would slow the small ones down.
 ARENA_KEEP_CELLS = 64 * 96 * 96
 
 
@@ -85,7 +84,7 @@ def ort_providers(device: str) -> list:
     if hasattr(ort, "preload_dlls"):  # CUDA and cuDNN from the nvidia-* wheels (e.g. torch's), where installed
         ort.preload_dlls()
     # fp32 means fp32: with TF32 matmuls (the provider's default on Ampere and later) the encoder's states moved by up
-    # to 8e-3 on an H100, over the export's fp32 bound of 1e-3 (benchmarks/RESULTS.md, GPU verification).
+    # past the export's fp32 bound of 1e-3 on an H100 (benchmarks/RESULTS.md, "Serving on GPU").
     # The CPU provider stays in the list: ONNX Runtime places shape arithmetic there on purpose.
     return [("CUDAExecutionProvider", {"device_id": "0", "use_tf32": "0"}), "CPUExecutionProvider"]
 
