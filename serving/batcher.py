@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from .config import BatchSettings
 from .engine import Work, prepare_inputs
-from .errors import BackendFailure, DeadlineExceeded, QueueFull, Unavailable
+from .errors import BackendFailure, DeadlineExceeded, QueueFull, ServingError, Unavailable
 from .job import Job, awaitable_job
 from .metrics import Metrics
 from .workers import model_worker
@@ -184,22 +184,42 @@ class Batcher:
         return job
 
     def add(self, job: Job) -> None:
-        """Queue ``job`` (the batcher calls its ``on_settled`` when it settles), without starting a batch yet: a
-        caller with several requests at once (the engine process, a hop's) adds them all, then
-        :meth:`start_batches`, so they share a batch."""
+        """Queue ``job`` (the batcher calls its ``on_settled`` when it settles), without starting a batch yet."""
         self.check_room()
+        self._enqueue(job, self._running_loop().time())
+        self._changed()
+
+    def add_all(self, jobs: Sequence[Job]) -> list[tuple[Job, ServingError]]:
+        """Queue each of ``jobs`` as :meth:`add` does, with one reading of the clock and one wake-up for them all (the
+        engine process adds a hop's requests so, then calls :meth:`start_batches` once, so they share a batch).
+        Returns the jobs refused (the queue full, or shutting down) with why; the others are queued."""
+        now = self._running_loop().time()
+        refused: list[tuple[Job, ServingError]] = []
+        for job in jobs:
+            try:
+                self.check_room()
+            except ServingError as e:
+                refused.append((job, e))
+                continue
+            self._enqueue(job, now)
+        self._changed()
+        return refused
+
+    def _enqueue(self, job: Job, now: float) -> None:
         if not job.works:
             raise ValueError("a request needs at least one item")
-        now = self._running_loop().time()
+        queues, bucket_rows = self._queues, self._bucket_rows
         for index, work in enumerate(job.works):
             bucket = self._bucket_for(work.longest)
             rows = len(work.rows)
-            self._queues.setdefault(bucket, deque()).append(_Item(job, index, bucket, next(self._arrivals), now, rows))
-            self._bucket_rows[bucket] = self._bucket_rows.get(bucket, 0) + rows
+            queue = queues.get(bucket)
+            if queue is None:
+                queue = queues[bucket] = deque()
+            queue.append(_Item(job, index, bucket, next(self._arrivals), now, rows))
+            bucket_rows[bucket] = bucket_rows.get(bucket, 0) + rows
             self._waiting_rows += rows
             job.buckets.add(bucket)
         self._waiting_jobs += 1
-        self._changed()
 
     def start_batches(self) -> None:
         """An idle engine starts on what was added now, rather than a loop turn later when the scheduler's task runs

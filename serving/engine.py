@@ -35,7 +35,8 @@ class Work:
 
     @property
     def longest(self) -> int:
-        return max(len(r.input_ids) for r in self.rows)
+        rows = self.rows
+        return len(rows[0].input_ids) if len(rows) == 1 else max(len(r.input_ids) for r in rows)
 
 
 def encoder_tokens(works: Sequence[Work]) -> int:

@@ -96,29 +96,27 @@ class EngineHost:
             log.exception("the engine could not handle a %s message from a front end", kind and kind.name)
 
     def _take(self, peer: bytes, frames: list[bytes]) -> None:
-        assert self._main is not None and self._long is not None
+        assert self._main is not None and self._long is not None and self._loop is not None
         requests, cancelled = protocol.read_jobs(frames)
         dropped = set(cancelled)
-        assert self._loop is not None
         now = self._loop.time()
-        added: set[Batcher] = set()
+        by_lane: dict[Batcher, list[Job]] = {}
         for request, works in requests:
             if request.job_id in dropped:  # cancelled before the hop left: never queued, so never run
                 continue
-            lane = self._long if request.lane == "long" else self._main
             key = (peer, request.job_id)
             job = Job(works, None if request.timeout is None else now + request.timeout, self._settled, key)
-            try:
-                lane.add(job)
-            except ServingError as e:  # a full queue, or shutting down
-                self._answer(peer, protocol.Outcome(request.job_id, failure=protocol.Failure.of(e)))
-                continue
+            lane = self._long if request.lane == "long" else self._main
+            by_lane.setdefault(lane, []).append(job)
             self._jobs[key] = (job, lane)
-            added.add(lane)
+        for lane, jobs in by_lane.items():
+            for job, error in lane.add_all(jobs):  # refused: a full queue, or shutting down
+                del self._jobs[job.tag]
+                self._answer(peer, protocol.Outcome(job.tag[1], failure=protocol.Failure.of(error)))
         for job_id in cancelled:
             if (entry := self._jobs.pop((peer, job_id), None)) is not None:
                 entry[1].cancel(entry[0])  # its waiting items leave the queue
-        for lane in added:
+        for lane in by_lane:
             lane.start_batches()
         self._schedule_flush()  # the queues' depths may have crossed the limit: every front end is told
 

@@ -182,17 +182,23 @@ def read_jobs(frames: Sequence[bytes]) -> tuple[list[tuple[JobHeader, list[Work]
     header_frame, tokens = frames
     header = _jobs_decoder.decode(memoryview(header_frame)[1:])
     rows = sum(count for job in header.jobs for _, count in job.works)
-    lengths = np.frombuffer(tokens, dtype=np.int32, count=rows)
-    total = int(lengths.sum())
+    # Plain ints from here: a hop holds a few rows, where numpy's per-call cost outweighs its loops.
+    lengths = np.frombuffer(tokens, dtype=np.int32, count=rows).tolist()
+    total = sum(lengths)
     ids = np.frombuffer(tokens, dtype=np.int32, count=total, offset=4 * rows)
     types = np.frombuffer(tokens, dtype=np.int8, count=total, offset=4 * (rows + total))
-    # Plain ints from here: a hop holds a few rows, where numpy's per-call cost outweighs its loops.
-    bounds = iter(itertools.pairwise(itertools.accumulate(lengths.tolist(), initial=0)))
     jobs = []
+    start = row = 0
     for job in header.jobs:
-        works = [Work(task, tuple(Encoding(ids[start:end], types[start:end])
-                                  for start, end in itertools.islice(bounds, count)))
-                 for task, count in job.works]
+        works = []
+        for task, count in job.works:
+            encodings = []
+            for length in lengths[row:row + count]:
+                end = start + length
+                encodings.append(Encoding(ids[start:end], types[start:end]))
+                start = end
+            row += count
+            works.append(Work(task, tuple(encodings)))
         jobs.append((job, works))
     return jobs, header.cancelled
 

@@ -94,8 +94,8 @@ def test_a_call_cancelled_in_the_turn_of_its_submit_never_reaches_the_engine(tin
 
     async def main() -> list[tuple[int, float]]:
         _, [front], lanes, metrics, stop = await _engine_with_links(config, tmp_path, 1)
-        submitted, add = [], lanes.main.add
-        lanes.main.add = lambda job: submitted.append(job) or add(job)
+        submitted, add_all = [], lanes.main.add_all
+        lanes.main.add_all = lambda jobs: submitted.extend(jobs) or add_all(jobs)
 
         def seen() -> tuple[int, float]:
             return len(submitted), metrics.registry.get_sample_value("bertzoo_batch_size_count", {"lane": "main"}) or 0.0
