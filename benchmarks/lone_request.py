@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common.processes import free_port, start_bertzoo, stop, thread_cpu_seconds
+from benchmarks.common.processes import effective_config, free_port, start_bertzoo, stop, thread_cpu_seconds
 from benchmarks.common.timing import machine
 from bertzoo.serving.client import BertzooClient
 from bertzoo.serving.load import load_items
@@ -53,7 +53,8 @@ def lone_requests(artifact: str, flags: list[str], texts: list[str]) -> dict[str
     medians = {name: 1000 * statistics.median(row[k] for row in rows) for k, name in enumerate(FIELDS)}
     return {**medians, "client_minus_inference": medians["client"] - medians["inference"],
             "health_rpc": 1000 * statistics.median(health),
-            "server_cpu_ms_per_request": cpu_per_request(process.pid, threads_before, threads_after, len(rows))}
+            "server_cpu_ms_per_request": cpu_per_request(process.pid, threads_before, threads_after, len(rows)),
+            "server_settings": effective_config(process)}  # what each auto resolved to
 
 
 def cpu_per_request(pid: int, before: dict, after: dict, requests: int) -> dict[str, float]:

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common.infinity_peer import infinity_rows
-from benchmarks.common.processes import free_port, start_bertzoo, stop
+from benchmarks.common.processes import effective_config, free_port, start_bertzoo, stop
 from benchmarks.common.server_loads import closed_loop
 from benchmarks.common.timing import machine
 from bertzoo.serving.client import BertzooClient
@@ -55,7 +55,8 @@ def served(artifact: str, flags: list[str], sentences: list[str], args: argparse
     finally:
         stop(process)
     return {**row, "start_s": started_s, "backend": info.backend, "variant": info.variant,
-            "precision": info.precision, "engine_choice": list(info.engine_choice)}
+            "precision": info.precision, "engine_choice": list(info.engine_choice),
+            "server_settings": effective_config(process)}  # every auto resolved: instances, front ends, engines
 
 
 def main() -> None:

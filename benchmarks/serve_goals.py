@@ -32,7 +32,7 @@ from pathlib import Path
 
 from benchmarks.common.infinity_peer import INFINITY_ENGINES, infinity_row, sentences_file
 from benchmarks.common.intervals import mean_ci
-from benchmarks.common.processes import free_port, start_bertzoo, stop
+from benchmarks.common.processes import effective_config, free_port, start_bertzoo, stop
 from benchmarks.common.served_variants import VARIANTS, ceiling_at, in_process_ceiling
 from benchmarks.common.server_loads import closed_loop, measured_load, open_loop
 from benchmarks.common.timing import machine
@@ -58,9 +58,9 @@ def served(artifact: str, variant: str, sentences: list[str], args, tail: bool =
         row = measured_load(server.pid, lambda: closed_loop(port, "embed", sentences, args.concurrency, args.seconds))
         if tail:
             row["half_saturation"] = open_loop(port, sentences, row["items_per_s"] / 2, args.seconds, "embed")
-        return row
     finally:
         stop(server)
+    return {**row, "server_settings": effective_config(server)}
 
 
 def choose(args, sentences: list[str], texts: str) -> dict:

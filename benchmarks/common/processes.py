@@ -42,8 +42,7 @@ def start(command: list[str], ready: Callable[[], bool], timeout: float = 300.0,
 
 
 def answers_sentiment(port: int) -> bool:
-    """Whether a server on loopback ``port`` answers a Sentiment request (bertzoo's, or the plain one of
-    serve_speed.py): a server that does is ready."""
+    """Whether a server on loopback ``port`` answers a Sentiment request (bertzoo's): a server that does is ready."""
     import grpc
 
     from bertzoo.serving.client import BertzooClient
