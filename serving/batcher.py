@@ -398,7 +398,13 @@ class Batcher:
         outputs = run([item.job.works[item.index] for item in batch.items], batch.inputs)
         if len(outputs) != len(batch.items):
             raise RuntimeError(f"the batch runner gave {len(outputs)} outputs for {len(batch.items)} items")
-        return outputs, started, time.perf_counter()
+        ended = time.perf_counter()
+        # Observed here, on the worker, not on the event loop every request passes through (the metrics are
+        # thread-safe; in a multiprocess server each observation is a lock and a write to a shared file).
+        self._batch_seconds.observe(ended - started)
+        self._batch_size.observe(batch.rows)
+        self._batch_tokens.observe(batch.inputs["input_ids"].size)
+        return outputs, started, ended
 
     # ------------------------------------------------------------------ outcomes (event loop)
 
@@ -418,9 +424,6 @@ class Batcher:
             else:
                 outputs, started, ended = outcome
                 self._deliver(batch, outputs, started, ended)
-                self._batch_seconds.observe(ended - started)
-                self._batch_size.observe(batch.rows)
-                self._batch_tokens.observe(batch.inputs["input_ids"].size)
         finally:
             self._in_flight -= 1
             self._wake.set()

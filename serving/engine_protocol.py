@@ -213,7 +213,7 @@ def read_results(frame: bytes) -> Results:
 
 # pyzmq's send_multipart and recv_multipart build an enum member per frame (the flags combined, the option read), a
 # Python-level call each; these loops with plain ints and frames' own `more` cost an event loop less per hop.
-_SNDMORE, _NOBLOCK = int(zmq.SNDMORE), int(zmq.NOBLOCK)
+_SNDMORE, _NOBLOCK, _EVENTS, _POLLIN = int(zmq.SNDMORE), int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
 
 
 class HopSocket:
@@ -244,7 +244,7 @@ class HopSocket:
     def send(self, frames: Sequence[bytes], then_drain: bool = True) -> None:
         """Send one message of ``frames`` (copied: a hop's frames are a few KB, where copying beats zero-copy), then
         read whatever came meanwhile (``then_drain=False``: the caller sends more first, then calls :meth:`drain`
-        once: each read that finds nothing costs an exception)."""
+        once)."""
         for frame in frames[:-1]:
             self.socket.send(frame, _SNDMORE)
         self.socket.send(frames[-1])
@@ -252,14 +252,18 @@ class HopSocket:
             self.drain()
 
     def drain(self) -> None:
-        """Hand every waiting message to ``on_message``."""
+        """Hand every waiting message to ``on_message``. Whether one waits is read from the socket's events (what
+        ZeroMQ's edge-signalling descriptor asks for), which costs less than a read that finds nothing and raises."""
+        socket = self.socket
         while True:
             try:
-                frame = self.socket.recv(_NOBLOCK, copy=False)
+                if not socket.get(_EVENTS) & _POLLIN:
+                    return
+                frame = socket.recv(_NOBLOCK, copy=False)
                 frames = [frame.bytes]
                 while frame.more:
-                    frame = self.socket.recv(_NOBLOCK, copy=False)
+                    frame = socket.recv(_NOBLOCK, copy=False)
                     frames.append(frame.bytes)
-            except zmq.ZMQError:  # zmq.Again: nothing more; any other: the socket is closing
+            except zmq.ZMQError:  # the socket is closing (or, never expected, a message vanished: zmq.Again)
                 return
             self._on_message(frames)
