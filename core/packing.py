@@ -40,11 +40,10 @@ def pack_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     n = len(token_index)
     pad_index = np.full(rows * width, n, dtype=np.int64)
     pad_index[token_index] = np.arange(n, dtype=np.int64)
-    positions = np.tile(np.arange(width, dtype=np.int64), rows)
     return {
         "input_ids": np.asarray(batch["input_ids"], dtype=np.int64).reshape(-1)[token_index],
         "token_type_ids": np.asarray(batch["token_type_ids"], dtype=np.int64).reshape(-1)[token_index],
-        "position_ids": positions[token_index],
+        "position_ids": token_index % width,  # a token's column in the grid is its position in its sequence
         "token_index": token_index.astype(np.int64, copy=False),
         "pad_index": pad_index,
         "attention_mask": mask,
