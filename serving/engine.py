@@ -10,6 +10,7 @@ what goes into a batch and calls :func:`run_batch` on its worker thread.
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import numpy as np
 from bertzoo.pipeline import PAIR_TASKS, Backend
 from bertzoo.tokenization import Encoding, QAWindow, pad_batch
 
-from .backends.base import pool_embeddings, rows_mask
+from .backends.base import pool_embeddings, row_index, rows_mask
 
 Row = Encoding | QAWindow
 EMBED = "embed"  # not a head: pooled encoder states
@@ -101,7 +102,7 @@ class HostStates:
         """States and mask of ``rows``, cut to their longest sequence and zero past each one's end (right padding),
         equal to ``pipeline.pad_states`` of the trimmed rows."""
         mask = rows_mask(self.mask, rows)
-        return self.states[rows, :mask.shape[1]] * mask[..., None].astype(self.states.dtype), mask
+        return self.states[row_index(rows), :mask.shape[1]] * mask[..., None].astype(self.states.dtype), mask
 
     host = select  # the states already are on the host
 
@@ -121,14 +122,14 @@ def run_batch(backend: Backend, works: Sequence[Work], inputs: dict[str, np.ndar
     """One output per work, in order. sentiment: logits [labels]; paraphrase / similarity: the head's scalar;
     qa: (start logits, end logits), one array per window trimmed to its length; embed: a unit vector [h]."""
     encoded = encoded_states(backend, inputs)
-    first_row = np.cumsum([0] + [len(w.rows) for w in works])[:-1]
+    first_row = list(itertools.accumulate((len(w.rows) for w in works), initial=0))  # plain ints: a few works
 
     by_task: dict[str, list[int]] = defaultdict(list)
     for i, work in enumerate(works):
         by_task[work.task].append(i)
     outputs: list[object] = [None] * len(works)
     for task, members in by_task.items():
-        rows = [int(first_row[i]) for i in members]
+        rows = [first_row[i] for i in members]
         if task == EMBED:
             results: Sequence[object] = list(encoded.embeddings(rows, pooling))
         elif task in PAIR_TASKS:

@@ -4,6 +4,8 @@ backend cannot run here and what to install. (The CPU's instruction-set flags ar
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from bertzoo.packing import is_packed, pack_batch
@@ -21,9 +23,15 @@ def encoder_feed(batch: dict[str, np.ndarray], input_names: list[str] | tuple[st
     return {name: np.ascontiguousarray(batch[name], dtype=np.int64) for name in ENCODER_INPUTS if name in input_names}
 
 
-def rows_mask(mask: np.ndarray, rows) -> np.ndarray:
+def row_index(rows: Sequence[int]) -> Sequence[int] | slice:
+    """``rows`` (increasing) as a slice where they are consecutive (a batch of one task: all of it), which numpy
+    takes as a view instead of gathering a copy."""
+    return slice(rows[0], rows[-1] + 1) if rows and rows[-1] - rows[0] == len(rows) - 1 else rows
+
+
+def rows_mask(mask: np.ndarray, rows: Sequence[int]) -> np.ndarray:
     """The attention mask of ``rows``, cut to the longest of them (right padding: the real tokens come first)."""
-    mask = mask[rows]
+    mask = mask[row_index(rows)]
     return np.ascontiguousarray(mask[:, :int(mask.sum(axis=1).max())], dtype=np.int64)
 
 
