@@ -5,7 +5,7 @@ peer server, each ratio taken within a round, then its mean and 95% t-interval o
         --infinity VENV --infinity-models MODELS [--variants fp32,int8 --rounds 6 --seconds 15 --out RUN.json]
     python -m benchmarks.serve_goals --report RUN.json [RUN2.json ...]     # the table again, runs pooled
 
-serve_speed.py measures every ratio once. On a shared VM one run's ratio moves by more than the distance between
+One run measures every ratio once (serve_h2load). On a shared VM one run's ratio moves by more than the distance between
 several of the goals and their lines (the peer's own rate moved 121-146 sentences/s between four runs of one day),
 so one run cannot say whether a goal at its line is met. Here:
 

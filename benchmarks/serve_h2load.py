@@ -227,7 +227,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for variant in args.variants:
             for task in args.tasks:
-                # as serve_speed.py: the best over the settings of ceiling.in_process_rates
+                # the best over the settings of ceiling.in_process_rates, as every serving benchmark takes it
                 ceiling = in_process_ceiling(args.artifact, variant, repeated, args.threads, (task,))[task]["ceiling"]
                 row = {"variant": variant, "task": task, "ceiling_per_s": ceiling}
                 for generator in args.generators:

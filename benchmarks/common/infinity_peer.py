@@ -1,6 +1,6 @@
 """The peer server, infinity-emb, on loopback at each of its CPU engines under the HTTP load generator
 (peers/http_load.py, run with the peer's own Python): set up by peers/infinity_setup.sh, and measured beside bertzoo
-by serve_speed.py, serve_goals.py and serve_h2load.py.
+by serve_defaults, serve_goals and serve_h2load.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The encoder variants the serving benchmarks compare, and each one's in-process ceiling: what the server's own
 batch computation reaches on the same sentences with no transport, the figure a served rate is a fraction of.
-Shared by serve_speed.py, serve_goals.py, serve_frontends.py, serve_h2load.py and serve_triton.py, so every one names
-a variant, starts its server and measures its ceiling the same way.
+Shared by the serving benchmarks (serve_goals, serve_frontends, serve_h2load), so every one names a variant, starts
+its server and measures its ceiling the same way.
 """
 
 from __future__ import annotations

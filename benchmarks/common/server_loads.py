@@ -1,7 +1,7 @@
 """The loads the serving benchmarks put on a server on loopback: a closed loop (clients that each send their next
 request when the last is answered), an open loop (requests at a fixed rate whatever the answers, for latency at a
 given load), and the CPU the server and this load generator used meanwhile, since on a small machine they share the
-cores. Shared by serve_speed.py, serve_ab.py, serve_goals.py, serve_h2load.py, serve_triton.py and cpu_engines.py.
+cores. Shared by serve_ab, serve_defaults, serve_goals and serve_h2load.
 """
 
 from __future__ import annotations
