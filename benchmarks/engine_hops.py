@@ -162,7 +162,7 @@ def main() -> None:
     print(json.dumps(results["machine"]), flush=True)
     sentences = load_items("sentiment", args.data)[:max(args.window, 64)] if args.data else [SENTENCE]
     if args.ceiling:
-        from gpu_check import cuda_ceiling
+        from benchmarks.gpu_check import cuda_ceiling
 
         found = cuda_ceiling(model, sentences * (1100 // len(sentences)))
         results["ceiling"] = found

@@ -131,8 +131,8 @@ def served(artifact: str, flags: list[str], sentences: list[str], args: argparse
 
 def gpu_rows(args: argparse.Namespace, texts: list[str], workdir: Path) -> dict:
     """Part 4: the checkpoint --run on CUDA at each N against its in-process ceiling, and a lone request's p50."""
-    from gpu_check import cuda_ceiling, load_run
-    from lone_request import lone_requests
+    from benchmarks.gpu_check import cuda_ceiling, load_run
+    from benchmarks.lone_request import lone_requests
 
     _, tokenizer, config, _ = load_run(args.run)
     sentences = quantiles_by_length(tokenizer, texts, config.limits.max_seq_length, args.groups)
