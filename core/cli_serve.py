@@ -70,7 +70,8 @@ def _serve_option(*decls: str, name: str, **kwargs):
                     "the cores, at most 8.")
 @_serve_option("--engines", name="engines", type=str, default="auto",
                help="Engine processes (replicas of the model) behind the front ends, each request to the one with the "
-                    "fewest outstanding; auto: 2 on a GPU, 1 on the CPU (where --instances share the cores instead).")
+                    "fewest outstanding; auto: 1 (on the CPU --instances share the cores instead; on a GPU force it to "
+                    "compare).")
 @_serve_option("--instances", name="instances", type=str, default="auto",
                help="Engine instances running batches side by side (CPU engines), the --threads shared out among "
                     "them; auto: one per core up to 4 cores, one per 2 cores above (at most 8); 1 on a GPU.")

@@ -69,7 +69,8 @@ class SpreadLane:
     def __init__(self, lanes: list[RemoteLane]) -> None:
         self._lanes = lanes
 
-    def _with_room(self) -> tuple[list[RemoteLane], ServingError | None]:
+    def _with_room(self) -> list[RemoteLane]:
+        """The replicas' lanes with room; with none, what the last one refused with is raised."""
         roomy, error = [], None
         for lane in self._lanes:
             try:
@@ -77,18 +78,15 @@ class SpreadLane:
                 roomy.append(lane)
             except ServingError as e:
                 error = e
-        return roomy, error
+        if not roomy and error is not None:
+            raise error
+        return roomy
 
     def check_room(self) -> None:
-        roomy, error = self._with_room()
-        if not roomy and error is not None:
-            raise error
+        self._with_room()
 
     def submit(self, works: list[Work], timeout: float | None = None) -> RemoteJob:
-        roomy, error = self._with_room()
-        if not roomy and error is not None:
-            raise error
-        return min(roomy, key=lambda lane: lane.outstanding).submit(works, timeout)
+        return min(self._with_room(), key=lambda lane: lane.outstanding).submit(works, timeout)
 
 
 async def open_replicas(links: list[EngineLink]) -> Lanes:

@@ -35,7 +35,6 @@ def rows_mask(mask: np.ndarray, rows: Sequence[int]) -> np.ndarray:
     return np.ascontiguousarray(mask[:, :int(mask.sum(axis=1).max())], dtype=np.int64)
 
 
-
 def pool_embeddings(states: np.ndarray, mask: np.ndarray, pooling: str) -> np.ndarray:
     """Sentence embeddings [n, h]: the model's pooling ([CLS], or the mean over real tokens), L2-normalised."""
     if pooling == "cls":
@@ -45,6 +44,7 @@ def pool_embeddings(states: np.ndarray, mask: np.ndarray, pooling: str) -> np.nd
         pooled = (states * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1.0)
     norms = np.linalg.norm(pooled, axis=-1, keepdims=True)
     return (pooled / np.maximum(norms, 1e-12)).astype(np.float32)
+
 
 class BackendUnavailable(RuntimeError):
     """The backend or device asked for cannot run in this installation; the message says what to install."""
