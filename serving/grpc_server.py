@@ -44,6 +44,10 @@ from .tasks_service import TaskService
 
 log = logging.getLogger("bertzoo.serving")
 
+# How long a drained stream's client is given to read its status before the connections close (see
+# BertzooServer._streams_told_to_stop): it reads at once unless its machine is starved of CPU.
+STREAM_STATUS_READ_S = 0.25
+
 # Opens the lanes a server's task service runs on (serving/lanes.py).
 LaneOpener = Callable[[], Awaitable[Lanes]]
 # Load balancers and orchestrators probe health without credentials.
@@ -168,6 +172,18 @@ class BertzooServer:
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
 
+    async def _streams_told_to_stop(self, grace: float) -> None:
+        """Wait (up to ``grace``) until the drained streams have ended, then a moment more before the server closes
+        its connections. A client still sending on a stream when its status arrives stops once it reads that status;
+        a connection closed while the client's requests are still arriving is reset (the server's side has unread
+        data), and a reset can destroy the unread status on the client's side: it would see "Stream removed" instead
+        of the drain's UNAVAILABLE."""
+        assert self._servicer is not None
+        ends = time.monotonic() + grace
+        while self._servicer.open_streams and time.monotonic() < ends:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(min(STREAM_STATUS_READ_S, max(0.0, ends - time.monotonic())))
+
     async def stop(self, grace: float | None = None) -> None:
         """Stop accepting calls, let accepted ones finish (up to ``grace`` seconds; None: the configured
         shutdown_grace), then stop everything."""
@@ -183,6 +199,7 @@ class BertzooServer:
                 self._servicer.grace_ends = time.monotonic() + grace
                 if streams := self._servicer.drain_streams():
                     log.info("shutdown: %d open streams answer what they have taken, then end UNAVAILABLE", streams)
+                    await self._streams_told_to_stop(grace)
             await self._server.stop(grace)  # returns once every accepted call has finished, or grace ran out
             for _ in range(100):  # the cut calls' handlers record themselves as their cancellation reaches them
                 if self._servicer is None or not self._servicer.in_flight:

@@ -103,6 +103,7 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
         self.in_flight = 0
         self.draining = False
         self._stream_readers: set[asyncio.Task] = set()  # each open stream's reader, cancelled by drain_streams()
+        self.open_streams = 0  # *Stream handlers running, answering or ending
 
     def drain_streams(self) -> int:
         """Stop reading every open stream: each answers the requests it has taken, then ends with UNAVAILABLE.
@@ -203,6 +204,7 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
         reader.add_done_callback(reading_ended)
         open_streams = self._metrics.open_streams.labels(task)
         open_streams.inc()
+        self.open_streams += 1
         try:
             while (answering := await answers.get()) is not None:
                 result = await answering
@@ -217,6 +219,7 @@ class BertzooServicer(pb2_grpc.BertzooServicer):
             reader.result()  # re-raises what ended the reading (a malformed message's abort, a broken stream)
         finally:
             open_streams.dec()
+            self.open_streams -= 1
             reader.cancel()
             while not answers.empty():
                 if (left := answers.get_nowait()) is not None:
