@@ -164,9 +164,10 @@ def main() -> None:
     if args.ceiling:
         from benchmarks.gpu_check import cuda_ceiling
 
-        found = cuda_ceiling(model, sentences * (1100 // len(sentences)))
+        found = cuda_ceiling(model, sentences * (1100 // len(sentences)), device=args.device)
         results["ceiling"] = found
-        print(f"in-process ceiling {found['best']:.1f}/s (median pass {found['median']:.1f}/s)", flush=True)
+        print(f"in-process ceiling {found['best']:.1f}/s (median pass {found['median']:.1f}/s); the model alone "
+              f"{found['model']['best']:.1f}/s (median {found['model']['median']:.1f}/s)", flush=True)
     with tempfile.TemporaryDirectory(prefix="engine-hops-") as tmp:
         engine, control, address = start_engine(config, Path(tmp))
         context = zmq.Context()

@@ -296,26 +296,53 @@ def resident_states(artifact: Path, sentences: list[str]) -> dict:
     return result
 
 
-def cuda_ceiling(run: str, sentences: list[str], seconds: float = 3.0) -> dict:
+def cuda_ceiling(run: str, sentences: list[str], seconds: float = 3.0, device: str = "cuda") -> dict:
     """Sentiment sentences/s of the torch engine in this process as `bertzoo serve --device cuda` runs it (fp16, CUDA
     graphs, batches of 64, the server's largest): the in-process ceiling a server on the GPU is held against. A pass
     over ~1,000 sentences takes ~0.1 s, and one pass varied from 11,600 to 14,700/s on one machine, so the ceiling
-    ("best") is the fastest of at least 5 passes over ``seconds``; "median" and every pass's rate come with it."""
-    from bertzoo.serving.backends import create_backend
+    ("best") is the fastest of at least 5 passes over ``seconds``; "median" and every pass's rate come with it.
 
+    Beside it, "model": the encoder alone on the same batches of 64 (tokenized and padded beforehand, states left where
+    the backend keeps them), best and median of as many passes: what the pipeline around the model (tokenization,
+    padding, copies, heads, post-processing) costs is the gap between the two. ``device="cpu"``: the same measures of
+    the fp32 engine without graphs, so the GPU steps can be run through on a machine without a GPU."""
+    from bertzoo.serving.backends import create_backend
+    from bertzoo.serving.engine import PAD_MULTIPLE, encoded_states
+    from bertzoo.tasks import encode_sentences
+    from bertzoo.tokenization import pad_batch
+
+    cuda = device == "cuda"
     model, tokenizer, config, _ = load_run(run)
-    backend = create_backend("torch", model.cuda().eval(), device="cuda", precision="fp16", cuda_graphs=True)
+    backend = create_backend("torch", model.to(device).eval(), device=device, precision="fp16" if cuda else "fp32",
+                             cuda_graphs=cuda)
     examples = [SentenceExample(str(i), s, None) for i, s in enumerate(sentences)]
     pipeline.predict(backend, "sentiment", examples, tokenizer, config.limits, 64)  # captures the graphs
-    rates: list[float] = []
-    end = time.perf_counter() + seconds
-    while len(rates) < 5 or time.perf_counter() < end:
-        started = time.perf_counter()
-        pipeline.predict(backend, "sentiment", examples, tokenizer, config.limits, 64)
-        rates.append(len(examples) / (time.perf_counter() - started))
-    del backend, model
-    torch.cuda.empty_cache()
-    return {"best": max(rates), "median": float(np.median(rates)), "passes": rates}
+    encodings = encode_sentences(tokenizer, sentences, config.limits)
+    batches = [pad_batch(encodings[i:i + 64], tokenizer.pad_id, pad_to_multiple_of=PAD_MULTIPLE)
+               for i in range(0, len(encodings), 64)]
+
+    def passes(one_pass) -> list[float]:
+        rates: list[float] = []
+        end = time.perf_counter() + seconds
+        while len(rates) < 5 or time.perf_counter() < end:
+            started = time.perf_counter()
+            one_pass()
+            if cuda:
+                torch.cuda.synchronize()
+            rates.append(len(sentences) / (time.perf_counter() - started))
+        return rates
+
+    def model_alone() -> None:
+        for batch in batches:
+            encoded_states(backend, batch)
+
+    rates = passes(lambda: pipeline.predict(backend, "sentiment", examples, tokenizer, config.limits, 64))
+    model_rates = passes(model_alone)
+    backend = model = None  # freed before the cache is emptied
+    if cuda:
+        torch.cuda.empty_cache()
+    return {"best": max(rates), "median": float(np.median(rates)), "passes": rates,
+            "model": {"best": max(model_rates), "median": float(np.median(model_rates)), "passes": model_rates}}
 
 
 def served(run: str, sentences: list[str], work: Path) -> dict:

@@ -32,6 +32,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.common.processes import effective_config, free_port, start_bertzoo, stat_cpu_seconds, stop
@@ -49,6 +50,7 @@ from benchmarks.serve_h2load import (
     quantiles_by_length,
     request_texts,
 )
+from bertzoo.atomic import atomic_write_text
 from bertzoo.serving.load import load_items
 
 # Part 3's servers: what `bertzoo serve ARTIFACT` ran before its defaults followed the machine, and what it runs now.
@@ -129,25 +131,28 @@ def served(artifact: str, flags: list[str], sentences: list[str], args: argparse
             "load_generator_ms_per_request": 1000 * summary["load_generator_cores"] * wall / answered}
 
 
-def gpu_rows(args: argparse.Namespace, texts: list[str], workdir: Path) -> dict:
-    """Part 4: the checkpoint --run on CUDA at each N against its in-process ceiling, and a lone request's p50."""
+def gpu_rows(args: argparse.Namespace, texts: list[str], workdir: Path, keep: Callable[[dict], None]) -> dict:
+    """Part 4: the checkpoint --run on CUDA at each N against its in-process ceiling, and a lone request's p50.
+    ``keep`` gets the results so far after each row (a GPU call's time limit can end the run before the last)."""
     from benchmarks.gpu_check import cuda_ceiling, load_run
     from benchmarks.lone_request import lone_requests
 
     _, tokenizer, config, _ = load_run(args.run)
     sentences = quantiles_by_length(tokenizer, texts, config.limits.max_seq_length, args.groups)
-    found = cuda_ceiling(args.run, sentences * (1100 // len(sentences)))
+    found = cuda_ceiling(args.run, sentences * (1100 // len(sentences)), device=args.gpu_device)
     ceiling = found["best"]
-    print(f"torch CUDA fp16: in-process ceiling {ceiling:.1f}/s (median pass {found['median']:.1f}/s, "
-          f"{len(found['passes'])} passes)", flush=True)
+    print(f"torch on {args.gpu_device}: in-process ceiling {ceiling:.1f}/s (median pass {found['median']:.1f}/s, "
+          f"{len(found['passes'])} passes); the model alone {found['model']['best']:.1f}/s (median "
+          f"{found['model']['median']:.1f}/s)", flush=True)
     out: dict = {"ceiling_per_s": ceiling, "ceiling": found, "concurrency": args.gpu_concurrency, "rows": [],
-                 "lone": {}}
-    engine = ["--backend", "torch", "--device", "cuda"]
+                 "lone": {}, "device": args.gpu_device}
+    engine = ["--backend", "torch", "--device", args.gpu_device]
     load = argparse.Namespace(**{**vars(args), "concurrency": args.gpu_concurrency})
     for n in args.frontends:
         row = served(args.run, [*engine, "--frontends", str(n)], sentences, load, workdir)
         out["rows"].append({"frontends": n, **row})
-        print(line(f"torch CUDA, frontends {n}", row, ceiling), flush=True)
+        keep(out)
+        print(line(f"torch {args.gpu_device}, frontends {n}", row, ceiling), flush=True)
     # Engine replicas at the largest N, one sentence a request; then requests of --gpu-per-request sentences (Embed
     # and Sentiment) at each replica count, at --concurrency connections; rates in sentences/s against the ceiling.
     n, out["replica_rows"] = max(args.frontends), []
@@ -158,7 +163,9 @@ def gpu_rows(args: argparse.Namespace, texts: list[str], workdir: Path) -> dict:
             flags = [*engine, "--frontends", str(n), "--engines", str(engines)]
             row = served(args.run, flags, sentences, load if per == 1 else args, workdir, task, per)
             out["replica_rows"].append({"frontends": n, "engines": engines, "task": task, **row})
-            print(line(f"torch CUDA, {n} front ends, {engines} engines, {task} x{per}", row, ceiling), flush=True)
+            keep(out)
+            print(line(f"torch {args.gpu_device}, {n} front ends, {engines} engines, {task} x{per}", row, ceiling),
+                  flush=True)
     # With --gpu-http: Embed over gRPC and over HTTP's /v1/embeddings, one sentence and --gpu-per-request a request.
     out["http_rows"] = []
     for per, http in [(per, http) for per in ([1, *args.gpu_per_request] if args.gpu_http else [])
@@ -166,13 +173,15 @@ def gpu_rows(args: argparse.Namespace, texts: list[str], workdir: Path) -> dict:
         row = served(args.run, [*engine, "--frontends", str(n)], sentences, load if per == 1 else args, workdir,
                      "embed", per, http)
         out["http_rows"].append({"frontends": n, "protocol": "http" if http else "grpc", **row})
-        print(line(f"torch CUDA, {n} front ends, Embed x{per} over {'HTTP' if http else 'gRPC'}", row, ceiling),
+        keep(out)
+        print(line(f"torch {args.gpu_device}, {n} front ends, Embed x{per} over {'HTTP' if http else 'gRPC'}", row, ceiling),
               flush=True)
     s128 = " ".join(texts[:40])[:2000]  # cut to the model's 128 tokens by the server, as in gpu_check.served
     for name, flags in () if args.skip_lone else (("frontends 1", ["--frontends", "1"]), ("auto", [])):
         for label, lone_texts in (("one sentence", texts[:400]), ("s128", [s128] * 400)):
             found = lone_requests(args.run, [*engine, *flags], lone_texts)
             out["lone"][f"{name}, {label}"] = found
+            keep(out)
             print(f"lone request, {name}, {label}: client p50 {found['client']:.3f} ms, inference "
                   f"{found['inference']:.3f} ms, client - inference {found['client_minus_inference']:.3f} ms",
                   flush=True)
@@ -213,6 +222,8 @@ def main() -> None:
                         "/v1/embeddings at the largest --frontends, one sentence and --gpu-per-request a request")
     parser.add_argument("--gpu-per-request", nargs="+", type=int, default=[],
                         help="part 4: requests of this many sentences at each --gpu-engines count")
+    parser.add_argument("--gpu-device", default="cuda", choices=["cuda", "cpu"],
+                        help="part 4's device; cpu: a dry run of the GPU steps on a machine without one")
     parser.add_argument("--skip-probe", action="store_true", help="leave out part 1 (the probe)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
@@ -223,9 +234,12 @@ def main() -> None:
     print(json.dumps(results["machine"]), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         if args.run:
-            results["gpu"] = gpu_rows(args, texts, Path(tmp))
-            if args.json:  # kept even if a later part fails
-                Path(args.json).write_text(json.dumps(results, indent=1))
+            def keep(gpu: dict) -> None:  # kept even if a later row or part fails
+                if args.json:
+                    atomic_write_text(Path(args.json), json.dumps({**results, "gpu": gpu}, indent=1))
+
+            results["gpu"] = gpu_rows(args, texts, Path(tmp), keep)
+            keep(results["gpu"])
         probe = None if args.skip_probe else str(build_probe(args.probe))
         if probe:
             sentences = quantile_sentences(probe, texts, args.groups)

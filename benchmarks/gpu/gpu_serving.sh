@@ -29,6 +29,15 @@
 #                 one sentence a request, then requests of 32 sentences (Embed and Sentiment) at each count; Embed
 #                 over gRPC and over HTTP's /v1/embeddings (1 and 32 sentences a request); all against the in-process
 #                 ceiling, 8 s a row; at most S s (default 470: 13 rows of ~30 s and the ceiling)
+#   goals [S]     (.gpu/serve/pkg, .gpu/serve/p1) the engine service's goals in one call of at most ~8 minutes, on
+#                 a fresh machine, alone: the in-process ceiling (best and median of >= 5 passes) with the model's own
+#                 rate beside it; one-sentence Sentiment at 8 and 12 front ends (256 connections); requests of 32
+#                 sentences (Embed, Sentiment) with 1 and 2 engine replicas and one-sentence rows with 2; a lone
+#                 request (one sentence, 128 tokens) at N = 1 and auto; the engine alone at 1 and 8 requests a hop.
+#                 Each row reaches $OUT/goals.json as it ends; the serving part stops after S s (default 380).
+#                 `DRY=1 bash benchmarks/gpu/gpu_serving.sh goals` runs the same steps here on the CPU, shortened
+#                 (RUN=a checkpoint, default /tmp/probe/run; results under /tmp/goals-dry), to catch a broken step
+#                 before it costs device time
 #   piece p2 .. p5  (.gpu/serve/pN) onnxruntime-gpu's pieces; the benchmark's log so far
 #   finish [S]    (.gpu/serve/p6) the last piece, OpenVINO and the dev sets; waits at most S s (default 400) for the
 #                 benchmark; gpu_check.py's ONNX Runtime rows (fp32 parity with use_tf32=0); OpenVINO (bf16 where the
@@ -91,6 +100,20 @@ PY
 
 if [ "${1:-}" = prepare ]; then prepare "${2:?prepare RUN [DATA]}" "${3:-}"; exit; fi
 
+goals() {  # DEVICE RUN DATA OUT SECONDS LIMIT
+  local device=$1 run=$2 data=$3 out=$4 seconds=$5 limit=$6
+  timeout "$limit" python3 -m benchmarks.serve_frontends --probe /tmp/goals-probe --run "$run" --skip-probe --skip-variants \
+    --gpu-device "$device" --data "$data" --frontends 8 12 --gpu-concurrency 256 --gpu-engines 1 2 \
+    --gpu-per-request 32 --seconds "$seconds" --json "$out/goals.json"
+  timeout 75 python3 -m benchmarks.engine_hops --model "$run" --backend torch --device "$device" --data "$data" \
+    --per-hop 1 8 --peers 12 --window 256 --seconds "$seconds" --json "$out/goals_engine.json"
+}
+if [ "${1:-}" = goals ] && [ "${DRY:-0}" = 1 ]; then  # here, on the CPU: every step once, shortened
+  mkdir -p /tmp/goals-dry
+  PATH=$PWD/.venv/bin:$PATH goals cpu "${RUN:-/tmp/probe/run}" "${DATA:-../shared/data/ids-sst-dev.csv}" /tmp/goals-dry 2 600
+  exit
+fi
+
 # Everything below runs on the GPU machine.
 mkdir -p $S
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 PATH=/tmp/h2load:/tmp/site/bin:$PATH LD_LIBRARY_PATH=/tmp/h2load
@@ -138,6 +161,12 @@ replicas)
   (cd $S/bench && timeout "${2:-470}" python3 -m benchmarks.serve_frontends --probe $S/probe --run $S/run --skip-probe --skip-lone \
     --data $S/data/ids-sst-dev.csv --frontends 8 --gpu-engines 1 2 4 --gpu-per-request 32 --gpu-http --seconds 8 \
     --skip-variants --json "$OUT/replicas.json")
+  ;;
+goals)
+  install
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(nproc) cores"
+  (cd $S/bench && goals cuda $S/run $S/data/ids-sst-dev.csv "$OUT" 8 "${2:-380}")
   ;;
 piece)
   cat $G/$2/ort.* >> $S/ort.whl; ls -la $S/ort.whl; progress
