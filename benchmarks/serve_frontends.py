@@ -188,6 +188,35 @@ def gpu_rows(args: argparse.Namespace, texts: list[str], workdir: Path, keep: Ca
     return out
 
 
+# The engine service's goals on an H200 (one run; ratios against the ceiling measured in the same run).
+GPU_GOALS = {"ceiling_per_s": 100_000, "one_sentence_per_s": 20_000, "one_sentence_of_ceiling": 0.85,
+             "per_request_32_sentences_per_s": 60_000, "lone_s128_client_ms": 1.5}
+
+
+def gpu_goal_lines(gpu: dict) -> list[str]:
+    """Each goal of GPU_GOALS against part 4's results: the best row measured, met or missed."""
+    ceiling = gpu["ceiling_per_s"]
+    one = [r for r in gpu["rows"] + gpu.get("replica_rows", []) if r.get("task", "sentiment") == "sentiment"
+           and r.get("sentences_per_request", 1) == 1]
+    many = [r for r in gpu.get("replica_rows", []) if r.get("sentences_per_request", 1) > 1]
+    best_one = max((r["items_per_s"] for r in one), default=0.0)
+    lone = [v["client"] for k, v in gpu.get("lone", {}).items() if k.endswith("s128")]
+    checks = [("in-process ceiling", ceiling, GPU_GOALS["ceiling_per_s"], "/s", True),
+              ("one-sentence requests", best_one, GPU_GOALS["one_sentence_per_s"], "/s", True),
+              ("one-sentence requests against the ceiling", best_one / ceiling if ceiling else 0.0,
+               GPU_GOALS["one_sentence_of_ceiling"], "", True)]
+    for task in ("embed", "sentiment"):
+        rate = max((r["items_per_s"] for r in many if r["task"] == task), default=0.0)
+        checks.append((f"{task}, 32 sentences a request", rate, GPU_GOALS["per_request_32_sentences_per_s"],
+                       " sentences/s", True))
+    if lone:
+        checks.append(("lone 128-token request, client p50", min(lone), GPU_GOALS["lone_s128_client_ms"], " ms",
+                       False))
+    return [f"goal: {name} {value:,.2f}{unit} against {goal:,}{unit}: "
+            f"{'met' if (value >= goal if higher else value <= goal) else 'MISSED'}"
+            for name, value, goal, unit, higher in checks]
+
+
 def line(name: str, row: dict, ceiling: float | None = None) -> str:
     per = row["cpu_ms_per_request"]
     share = f" = {row['items_per_s'] / ceiling:.2f} of the ceiling" if ceiling else ""
@@ -239,6 +268,8 @@ def main() -> None:
                     atomic_write_text(Path(args.json), json.dumps({**results, "gpu": gpu}, indent=1))
 
             results["gpu"] = gpu_rows(args, texts, Path(tmp), keep)
+            results["gpu"]["goals"] = gpu_goal_lines(results["gpu"])
+            print("\n".join(results["gpu"]["goals"]), flush=True)
             keep(results["gpu"])
         probe = None if args.skip_probe else str(build_probe(args.probe))
         if probe:

@@ -34,7 +34,8 @@
 #                 rate beside it; one-sentence Sentiment at 8 and 12 front ends (256 connections); requests of 32
 #                 sentences (Embed, Sentiment) with 1 and 2 engine replicas and one-sentence rows with 2; a lone
 #                 request (one sentence, 128 tokens) at N = 1 and auto; the engine alone at 1 and 8 requests a hop.
-#                 Each row reaches $OUT/goals.json as it ends; the serving part stops after S s (default 380).
+#                 Each row reaches $OUT/goals.json as it ends; the serving part stops after S s (default 380)
+#                 and ends with one line per goal (serve_frontends.GPU_GOALS), met or MISSED.
 #                 `DRY=1 bash benchmarks/gpu/gpu_serving.sh goals` runs the same steps here on the CPU, shortened
 #                 (RUN=a checkpoint, default /tmp/probe/run; results under /tmp/goals-dry), to catch a broken step
 #                 before it costs device time
