@@ -307,7 +307,7 @@ def cuda_ceiling(run: str, sentences: list[str], seconds: float = 3.0, device: s
     padding, copies, heads, post-processing) costs is the gap between the two. ``device="cpu"``: the same measures of
     the fp32 engine without graphs, so the GPU steps can be run through on a machine without a GPU."""
     from bertzoo.serving.backends import create_backend
-    from bertzoo.serving.engine import PAD_MULTIPLE, encoded_states
+    from bertzoo.serving.engine import encoded_states
     from bertzoo.tasks import encode_sentences
     from bertzoo.tokenization import pad_batch
 
@@ -318,8 +318,9 @@ def cuda_ceiling(run: str, sentences: list[str], seconds: float = 3.0, device: s
     examples = [SentenceExample(str(i), s, None) for i, s in enumerate(sentences)]
     pipeline.predict(backend, "sentiment", examples, tokenizer, config.limits, 64)  # captures the graphs
     encodings = encode_sentences(tokenizer, sentences, config.limits)
-    batches = [pad_batch(encodings[i:i + 64], tokenizer.pad_id, pad_to_multiple_of=PAD_MULTIPLE)
-               for i in range(0, len(encodings), 64)]
+    # The batches pipeline.encode_states runs: sorted by length, each padded to its longest.
+    batches = [pad_batch([encodings[i] for i in idx], tokenizer.pad_id)
+               for idx in pipeline.length_sorted_batches([len(e.input_ids) for e in encodings], 64)]
 
     def passes(one_pass) -> list[float]:
         rates: list[float] = []
