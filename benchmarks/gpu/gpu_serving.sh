@@ -37,7 +37,7 @@
 #                 Each row reaches $OUT/goals.json as it ends; the serving part stops after S s (default 380)
 #                 and ends with one line per goal (serve_frontends.GPU_GOALS), met or MISSED.
 #                 `DRY=1 bash benchmarks/gpu/gpu_serving.sh goals` runs the same steps here on the CPU, shortened
-#                 (RUN=a checkpoint, default /tmp/probe/run; results under /tmp/goals-dry), to catch a broken step
+#                 (RUN=a checkpoint, default the front-end probe's; results under /tmp/goals-dry), to catch a broken step
 #                 before it costs device time
 #   piece p2 .. p5  (.gpu/serve/pN) onnxruntime-gpu's pieces; the benchmark's log so far
 #   finish [S]    (.gpu/serve/p6) the last piece, OpenVINO and the dev sets; waits at most S s (default 400) for the
@@ -111,7 +111,10 @@ goals() {  # DEVICE RUN DATA OUT SECONDS LIMIT
 }
 if [ "${1:-}" = goals ] && [ "${DRY:-0}" = 1 ]; then  # here, on the CPU: every step once, shortened
   mkdir -p /tmp/goals-dry
-  PATH=$PWD/.venv/bin:$PATH goals cpu "${RUN:-/tmp/probe/run}" "${DATA:-../shared/data/ids-sst-dev.csv}" /tmp/goals-dry 2 600
+  export PATH=$PWD/.venv/bin:$PATH
+  # without RUN, the front-end probe's checkpoint (built once, ~30 s): a tiny model, so the run is short
+  [ -n "${RUN:-}" ] || python3 -c 'import pathlib, benchmarks.serve_frontends as s; s.build_probe(pathlib.Path("/tmp/goals-probe"))'
+  goals cpu "${RUN:-/tmp/goals-probe/run}" "${DATA:-../shared/data/ids-sst-dev.csv}" /tmp/goals-dry 2 600
   exit
 fi
 
