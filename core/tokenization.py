@@ -154,10 +154,11 @@ class Tokenizer:
     # ------------------------------------------------------------------ helpers
 
     def _ids(self, texts: Sequence[str]) -> list[list[int]]:
-        # Batched so the Rust side can parallelise; specials are added by the callers.
+        # Batched so the Rust side can parallelise; specials are added by the callers. The fast variant skips the
+        # character offsets, which only QA's context needs (encode_qa), 15-20% of a sentence's tokenization.
         if isinstance(texts, str):
             raise TypeError("expected a sequence of strings, got a single str")
-        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+        return [e.ids for e in self._tok.encode_batch_fast(list(texts), add_special_tokens=False)]
 
     def _first_ids(self, texts: Sequence[str], count: int) -> list[list[int]]:
         """Each text's first ``count`` token ids (all of them if it has fewer), without tokenizing all of a long

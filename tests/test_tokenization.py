@@ -359,3 +359,20 @@ def test_a_long_pair_is_cut_before_it_is_tokenized_with_the_same_ids(tok: Tokeni
     finally:
         del tok._ids
     assert calls and max(calls) < 2_000  # 20,000 characters, of which only the first ~1,500 were tokenized
+
+
+def test_sentences_match_the_reference_tokenizer_with_its_offsets_tracked(tok: Tokenizer) -> None:
+    # Our sentences are tokenized without character offsets (encode_batch_fast); the ids must be those of the
+    # tokenizer's ordinary encode, which tracks them.
+    from tokenizers import Tokenizer as HF
+
+    from bertzoo.datafiles import load_split, samples_dir
+
+    ref = HF.from_file(str(TOKENIZER_PATH))
+    ref.no_padding()
+    ref.enable_truncation(128)
+    texts = [e.text for e in load_split(samples_dir(), "sentiment", "dev")]
+    texts += [CONTEXT, "Ça coûte 5 € — naïve café 😀 東京タワー", "  spaces\tand\nnewlines  ", ""]
+    got = tok.encode_sentences(texts, 128)
+    assert [g.input_ids for g in got] == [ref.encode(t).ids for t in texts]
+    assert len(texts) > 10
