@@ -123,7 +123,8 @@ prepare() {  # on the development machine, from the repository root, with .venv 
   local wheels=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp
                 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
   .venv/bin/pip download -q "${wheels[@]}" -d .gpu/c1 grpcio==1.85.1 grpcio-health-checking==1.85.1 \
-    grpcio-reflection==1.85.1 "protobuf==$(.venv/bin/python -c 'import google.protobuf as p; print(p.__version__)')"
+    grpcio-reflection==1.85.1 "protobuf==$(.venv/bin/python -c 'import google.protobuf as p; print(p.__version__)')" \
+    "tokenizers==$(.venv/bin/python -c 'import tokenizers as t; print(t.__version__)')"  # >= 0.20 (encode_batch_fast)
   split -b 44M -d -a 2 "$model/model.safetensors" .gpu/w. && mv .gpu/w.00 .gpu/c1/ && mv .gpu/w.01 .gpu/c2/
   cp "$model"/{config.json,tokenizer.json,vocab.txt,tokenizer_config.json,special_tokens_map.json} .gpu/c2/minilm/
   # Compressed: with squad/train-v1.1.json (29 MB) the data no longer fits beside the weights' second half as it is.

@@ -61,7 +61,8 @@ prepare() {  # RUN [DATA]
   .venv/bin/pip download -q "${platform[@]}" -d $G/pkg grpcio==1.85.1 grpcio-health-checking==1.85.1 \
     grpcio-reflection==1.85.1 pyzmq==27.3.0 msgspec==0.22.0 aiohttp==3.14.5 aiohappyeyeballs aiosignal attrs \
     frozenlist multidict propcache yarl \
-    "protobuf==$(.venv/bin/python -c 'import google.protobuf as p; print(p.__version__)')"
+    "protobuf==$(.venv/bin/python -c 'import google.protobuf as p; print(p.__version__)')" \
+    "tokenizers==$(.venv/bin/python -c 'import tokenizers as t; print(t.__version__)')"  # >= 0.20 (encode_batch_fast)
   # h2load (Debian 12, glibc 2.36: runs on the machine's newer glibc) and the libraries it has there no copy of
   cp /usr/bin/h2load $G/pkg/h2load/
   cp -L /lib/x86_64-linux-gnu/{libnghttp2.so.14,libjemalloc.so.2,libev.so.4} $G/pkg/h2load/
