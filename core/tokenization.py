@@ -56,9 +56,11 @@ def _special_id(tok: _HFTokenizer, token: str, path: str) -> int:
     return idx
 
 
-# Characters a part of a long text gets per token it must yield (_first_ids): English text averages 4-5 characters a
-# token, so a part this long nearly always yields enough and the text is tokenized once.
-_CHARS_PER_TOKEN_CUT = 12
+# Characters a part of a long text gets per token it must yield (_first_ids). English text averages 4-5 characters a
+# token: over their first 126 tokens, 5,000 SQuAD contexts took 4.9 characters a token at the median, 6.2 at the
+# 99.9th percentile and 7.05 at most, so a part this long nearly always yields enough and the text is tokenized once
+# (a part that falls short, e.g. of text that is mostly whitespace, is tokenized again whole).
+_CHARS_PER_TOKEN_CUT = 8
 
 
 def _truncate_longest_first(n_a: int, n_b: int, budget: int) -> tuple[int, int]:
