@@ -302,12 +302,14 @@ def cuda_ceiling(run: str, sentences: list[str], seconds: float = 3.0, device: s
     over ~1,000 sentences takes ~0.1 s, and one pass varied from 11,600 to 14,700/s on one machine, so the ceiling
     ("best") is the fastest of at least 5 passes over ``seconds``; "median" and every pass's rate come with it.
 
-    Beside it, "model": the encoder alone on the same batches of 64 (tokenized and padded beforehand, states left where
-    the backend keeps them), best and median of as many passes: what the pipeline around the model (tokenization,
-    padding, copies, heads, post-processing) costs is the gap between the two. ``device="cpu"``: the same measures of
-    the fp32 engine without graphs, so the GPU steps can be run through on a machine without a GPU."""
+    Beside it, best and median of as many passes each: "engine", the same sentences through the server's engine
+    path (tokenized, then in length-sorted batches of 64 padded as the batcher pads and run by ``run_batch``, states
+    kept on the device up to the heads), and "model", the encoder alone on the pipeline's batches (tokenized and
+    padded beforehand, states left where the backend keeps them). The gaps say what tokenization, padding, copies,
+    heads and post-processing cost. ``device="cpu"``: the same measures of the fp32 engine without graphs, so the GPU
+    steps can be run through on a machine without a GPU."""
     from bertzoo.serving.backends import create_backend
-    from bertzoo.serving.engine import encoded_states
+    from bertzoo.serving.engine import Work, encoded_states, prepare_inputs, run_batch
     from bertzoo.tasks import encode_sentences
     from bertzoo.tokenization import pad_batch
 
@@ -337,13 +339,22 @@ def cuda_ceiling(run: str, sentences: list[str], seconds: float = 3.0, device: s
         for batch in batches:
             encoded_states(backend, batch)
 
-    rates = passes(lambda: pipeline.predict(backend, "sentiment", examples, tokenizer, config.limits, 64))
-    model_rates = passes(model_alone)
+    def engine_path() -> None:
+        works = [Work("sentiment", (e,)) for e in encode_sentences(tokenizer, sentences, config.limits)]
+        for idx in pipeline.length_sorted_batches([len(w.rows[0].input_ids) for w in works], 64):
+            batch = [works[i] for i in idx]
+            run_batch(backend, batch, prepare_inputs(batch, None, tokenizer.pad_id), model.config.pooling)
+
+    def summary(rates: list[float]) -> dict:
+        return {"best": max(rates), "median": float(np.median(rates)), "passes": rates}
+
+    found = summary(passes(lambda: pipeline.predict(backend, "sentiment", examples, tokenizer, config.limits, 64)))
+    found["engine"] = summary(passes(engine_path))
+    found["model"] = summary(passes(model_alone))
     backend = model = None  # freed before the cache is emptied
     if cuda:
         torch.cuda.empty_cache()
-    return {"best": max(rates), "median": float(np.median(rates)), "passes": rates,
-            "model": {"best": max(model_rates), "median": float(np.median(model_rates)), "passes": model_rates}}
+    return found
 
 
 def served(run: str, sentences: list[str], work: Path) -> dict:

@@ -142,7 +142,8 @@ def gpu_rows(args: argparse.Namespace, texts: list[str], workdir: Path, keep: Ca
     found = cuda_ceiling(args.run, sentences * (1100 // len(sentences)), device=args.gpu_device)
     ceiling = found["best"]
     print(f"torch on {args.gpu_device}: in-process ceiling {ceiling:.1f}/s (median pass {found['median']:.1f}/s, "
-          f"{len(found['passes'])} passes); the model alone {found['model']['best']:.1f}/s (median "
+          f"{len(found['passes'])} passes); the server's engine path {found['engine']['best']:.1f}/s (median "
+          f"{found['engine']['median']:.1f}/s); the model alone {found['model']['best']:.1f}/s (median "
           f"{found['model']['median']:.1f}/s)", flush=True)
     out: dict = {"ceiling_per_s": ceiling, "ceiling": found, "concurrency": args.gpu_concurrency, "rows": [],
                  "lone": {}, "device": args.gpu_device}

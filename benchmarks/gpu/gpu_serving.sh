@@ -30,8 +30,8 @@
 #                 over gRPC and over HTTP's /v1/embeddings (1 and 32 sentences a request); all against the in-process
 #                 ceiling, 8 s a row; at most S s (default 470: 13 rows of ~30 s and the ceiling)
 #   goals [S]     (.gpu/serve/pkg, .gpu/serve/p1) the engine service's goals in one call of at most ~8 minutes, on
-#                 a fresh machine, alone: the in-process ceiling (best and median of >= 5 passes) with the model's own
-#                 rate beside it; one-sentence Sentiment at 8 and 12 front ends (256 connections); requests of 32
+#                 a fresh machine, alone: the in-process ceiling (best and median of >= 5 passes) with the server's
+#                 engine path and the model's own rate beside it; one-sentence Sentiment at 8 and 12 front ends (256 connections); requests of 32
 #                 sentences (Embed, Sentiment) with 1 and 2 engine replicas and one-sentence rows with 2; a lone
 #                 request (one sentence, 128 tokens) at N = 1 and auto; the engine alone at 1 and 8 requests a hop.
 #                 Each row reaches $OUT/goals.json as it ends; the serving part stops after S s (default 380)
