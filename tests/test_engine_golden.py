@@ -89,6 +89,16 @@ def test_every_engine_meets_the_golden_outputs(golden, engine):
     check_golden(works, outputs, reference, engine.split("/")[2], engine)
 
 
+def test_the_pytorch_engine_turns_off_dropout_on_a_model_left_in_training_mode(golden):
+    """The trainer evaluates through a backend on its live model and trains it in between: whatever mode the model was
+    left in, the backend answers without dropout."""
+    run, _, works, inputs, reference = golden
+    backend = build("torch/cpu/fp32", run, None)
+    backend.model.train()
+    check_golden(works, run_batch(backend, works, inputs, "mean"), reference, "fp32", "torch, model left training")
+    assert not backend.model.training
+
+
 class WrongHeads:
     """An engine that runs ``inner`` and then spoils one head's outputs: zeroes them, or adds ``shift``."""
 
