@@ -2,7 +2,10 @@
 the client's clock against the response's Timing fields (the server's own account of its stages).
 
     python -m benchmarks.lone_request ARTIFACT [--data ../shared/data/ids-sst-dev.csv] [--variants fp32 int8] \
-        [--requests 400] [--json FILE] [-- more `bertzoo serve` flags]
+        [--requests 400] [--launcher "/tmp/venv-before/bin/bertzoo"] [--json FILE] [-- more `bertzoo serve` flags]
+
+``--launcher``: the command that stands for ``bertzoo`` (default: this Python's), to measure another build's server
+with the same client.
 
 Per variant, medians in ms: the client's round trip, the server's total, and its queue, tokenize and inference
 (the engine's batch: encoder and heads) stages; "client - inference" is what the request path adds to the engine's
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import time
@@ -28,9 +32,10 @@ from bertzoo.serving.load import load_items
 FIELDS = ("client", "total", "queue", "tokenize", "inference")
 
 
-def lone_requests(artifact: str, flags: list[str], texts: list[str]) -> dict[str, float]:
+def lone_requests(artifact: str, flags: list[str], texts: list[str], launcher: list[str] | None = None
+                  ) -> dict[str, float]:
     port = free_port()
-    process = start_bertzoo(artifact, port, *flags)
+    process = start_bertzoo(artifact, port, *flags, launcher=launcher)
     try:
         with BertzooClient(f"127.0.0.1:{port}") as client:
             for text in texts[:50]:  # warm-up
@@ -74,16 +79,19 @@ def main() -> None:
     parser.add_argument("--data", default=None)
     parser.add_argument("--variants", nargs="+", default=["fp32", "int8"], help="auto: no engine flags at all")
     parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--launcher", default=None, help="the command that stands for bertzoo (default: this Python's)")
     parser.add_argument("--json", default=None)
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:split])
     texts = load_items("sentiment", args.data)[:args.requests]
-    results = {"machine": machine(), "requests": len(texts), "serve_flags": argv[split + 1:], "variants": {}}
+    results = {"machine": machine(), "requests": len(texts), "serve_flags": argv[split + 1:], "launcher": args.launcher,
+               "variants": {}}
     print(json.dumps(results["machine"]), flush=True)
     for variant in args.variants:
         flags = [] if variant == "auto" else ["--variant", variant]  # auto: what `bertzoo serve ARTIFACT` picks
-        row = lone_requests(args.artifact, [*flags, *argv[split + 1:]], texts)
+        row = lone_requests(args.artifact, [*flags, *argv[split + 1:]], texts,
+                            shlex.split(args.launcher) if args.launcher else None)
         results["variants"][variant] = row
         print(f"{variant:10} client {row['client']:.2f} ms | server total {row['total']:.2f}, queue {row['queue']:.2f}, "
               f"tokenize {row['tokenize']:.2f}, inference {row['inference']:.2f} | client - inference "
