@@ -9,10 +9,13 @@ one-sentence requests (1: front ends under light load each, the GPU case; more: 
 per request says what one request costs its loop; its rate is the ceiling a server could reach with free front ends.
 
     python -m benchmarks.engine_hops --probe DIR [--data DATA/ids-sst-dev.csv] [--per-hop 1 8] [--peers 1 12] \
-        [--seconds 10] [--rounds 3] [--model RUN --backend torch --device cuda --ceiling] [--json FILE]
+        [--seconds 10] [--rounds 3] [--model RUN --backend torch --device cuda --ceiling] [--profile DIR] [--json FILE]
 
 With `--model`, the engine serves that model instead (e.g. the CUDA engine of `gpu_serving.sh`): its rate against
 the model's in-process ceiling says whether the engine process or the front ends hold a server back.
+
+``--profile DIR``: each row also samples the engine process with py-spy (where installed) into DIR, and its JSON row
+and printout name the functions that held the loop's and the workers' time.
 
 The load generator is one Python process on another core; it spends a fraction of the engine's time per request
 (it sends prebuilt hops and reads the answers' job ids).
@@ -33,6 +36,7 @@ from pathlib import Path
 import zmq
 
 from benchmarks.common.processes import stat_cpu_seconds, thread_cpu_seconds
+from benchmarks.common.profiling import finish_profile, profile_lines, start_profile
 from benchmarks.common.timing import machine
 from benchmarks.serve_frontends import build_probe
 from bertzoo.serving import engine_protocol as protocol
@@ -149,6 +153,8 @@ def main() -> None:
     parser.add_argument("--data", default=None, help="ids-sst-dev.csv: its first sentences (default: one sentence)")
     parser.add_argument("--ceiling", action="store_true",
                         help="with --device cuda and a checkpoint: the engine's in-process ceiling first")
+    parser.add_argument("--profile", default=None, metavar="DIR",
+                        help="sample the engine process with py-spy during each row, its stacks into DIR")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if (args.probe is None) == (args.model is None):
@@ -180,9 +186,16 @@ def main() -> None:
             for round_ in range(args.rounds):
                 for peers in args.peers:
                     for per_hop in args.per_hop:
+                        profile = None
+                        if args.profile:
+                            Path(args.profile).mkdir(parents=True, exist_ok=True)
+                            profile = start_profile(engine.pid, args.seconds, Path(args.profile) /
+                                                    f"engine_r{round_ + 1}_p{peers}_h{per_hop}.txt")
                         row = {"round": round_ + 1, "peers": peers, "per_hop": per_hop,
                                **drive(sockets[:peers], tokenizer, sentences, per_hop,
                                        max(1, args.window // per_hop), args.seconds, engine.pid)}
+                        if args.profile:  # the event loop is the engine process's main thread
+                            row["profile"] = finish_profile(profile, engine.pid) or {"error": "py-spy is not on PATH"}
                         results["rows"].append(row)
                         print(f"round {row['round']} peers {peers:2d} per hop {per_hop:3d}: "
                               f"{row['requests_per_s']:9.1f} requests/s, engine CPU "
@@ -191,6 +204,8 @@ def main() -> None:
                                           row["engine_cpu_ms_per_request_by_thread"].items())
                               + "); cores busy: engine "
                               f"{row['engine_cores_busy']:.2f}, driver {row['driver_cores_busy']:.2f}", flush=True)
+                        for line in profile_lines(row.get("profile")):
+                            print("  " + line, flush=True)
         finally:
             for socket in sockets:
                 socket.close(0)

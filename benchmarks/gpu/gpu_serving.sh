@@ -33,7 +33,8 @@
 #                 a fresh machine, alone: the in-process ceiling (best and median of >= 5 passes) with the server's
 #                 engine path and the model's own rate beside it; one-sentence Sentiment at 8 and 12 front ends (256 connections); requests of 32
 #                 sentences (Embed, Sentiment) with 1 and 2 engine replicas and one-sentence rows with 2; a lone
-#                 request (one sentence, 128 tokens) at N = 1 and auto; the engine alone at 1 and 8 requests a hop.
+#                 request (one sentence, 128 tokens) at N = 1 and auto; the engine alone at 1 and 8 requests a hop,
+#                 sampled by py-spy (where the engine's loop and worker threads spend their time, in its JSON rows).
 #                 Each row reaches $OUT/goals.json as it ends; the serving part stops after S s (default 380)
 #                 and ends with one line per goal (serve_frontends.GPU_GOALS), met or MISSED.
 #                 `DRY=1 bash benchmarks/gpu/gpu_serving.sh goals` runs the same steps here on the CPU, shortened
@@ -62,7 +63,8 @@ prepare() {  # RUN [DATA]
     grpcio-reflection==1.85.1 pyzmq==27.3.0 msgspec==0.22.0 aiohttp==3.14.5 aiohappyeyeballs aiosignal attrs \
     frozenlist multidict propcache yarl \
     "protobuf==$(.venv/bin/python -c 'import google.protobuf as p; print(p.__version__)')" \
-    "tokenizers==$(.venv/bin/python -c 'import tokenizers as t; print(t.__version__)')"  # >= 0.20 (encode_batch_fast)
+    "tokenizers==$(.venv/bin/python -c 'import tokenizers as t; print(t.__version__)')" \
+    py-spy==0.4.3  # tokenizers >= 0.20 (encode_batch_fast); py-spy: the engine's profile in `goals`
   # h2load (Debian 12, glibc 2.36: runs on the machine's newer glibc) and the libraries it has there no copy of
   cp /usr/bin/h2load $G/pkg/h2load/
   cp -L /lib/x86_64-linux-gnu/{libnghttp2.so.14,libjemalloc.so.2,libev.so.4} $G/pkg/h2load/
@@ -108,7 +110,8 @@ goals() {  # DEVICE RUN DATA OUT SECONDS LIMIT
     --gpu-device "$device" --data "$data" --frontends 8 12 --gpu-concurrency 256 --gpu-engines 1 2 \
     --gpu-per-request 32 --seconds "$seconds" --json "$out/goals.json"
   timeout 75 python3 -m benchmarks.engine_hops --model "$run" --backend torch --device "$device" --data "$data" \
-    --per-hop 1 8 --peers 12 --window 256 --seconds "$seconds" --json "$out/goals_engine.json"
+    --per-hop 1 8 --peers 12 --window 256 --seconds "$seconds" --profile "$out/engine_profile" \
+    --json "$out/goals_engine.json"
 }
 if [ "${1:-}" = goals ] && [ "${DRY:-0}" = 1 ]; then  # here, on the CPU: every step once, shortened
   mkdir -p /tmp/goals-dry
