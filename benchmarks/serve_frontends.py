@@ -60,19 +60,30 @@ PROBE_ENCODER = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads
                  "max_position_embeddings": 512}
 
 
+def random_run(directory: Path, encoder_overrides: dict | None = None) -> Path:
+    """A checkpoint in ``directory``/run with random weights, of the default backbone's shape or with
+    ``encoder_overrides``, trained 1 step on the bundled samples: for speed figures, which do not depend on the
+    weights' values, on a machine a trained model's weights would have to travel to (the GPU session's calls carry
+    64 MiB each). Kept if already there."""
+    run = directory / "run"
+    if (run / "LATEST").exists():
+        return run
+    from bertzoo.trainer.config import TrainConfig
+    from bertzoo.trainer.train import train
+
+    train(TrainConfig(out_dir=str(run), random_init=True, encoder_overrides=encoder_overrides or {}, limit_per_task=8,
+                      batch_size=4, max_steps=1, progress=False, eval_every_epoch=False))
+    return run
+
+
 def build_probe(directory: Path) -> Path:
-    """The front-end probe's artifact in ``directory``/artifact (trained 1 step on the bundled samples)."""
+    """The front-end probe's artifact in ``directory``/artifact: a tiny model (PROBE_ENCODER), random weights."""
     artifact = directory / "artifact"
     if (artifact / "manifest.json").exists():
         return artifact
     from bertzoo.export.exporter import ExportOptions, export_checkpoint
-    from bertzoo.trainer.config import TrainConfig
-    from bertzoo.trainer.train import train
 
-    config = TrainConfig(out_dir=str(directory / "run"), random_init=True, encoder_overrides=PROBE_ENCODER,
-                         limit_per_task=8, batch_size=4, max_steps=1, progress=False, eval_every_epoch=False)
-    train(config)
-    export_checkpoint(directory / "run", artifact, ExportOptions(parity_limit=4))
+    export_checkpoint(random_run(directory, PROBE_ENCODER), artifact, ExportOptions(parity_limit=4))
     return artifact
 
 

