@@ -186,16 +186,18 @@ def main() -> None:
             for round_ in range(args.rounds):
                 for peers in args.peers:
                     for per_hop in args.per_hop:
-                        profile = None
-                        if args.profile:
+                        profiles = []
+                        if args.profile:  # two samplers side by side: where the threads are busy, who holds the GIL
                             Path(args.profile).mkdir(parents=True, exist_ok=True)
-                            profile = start_profile(engine.pid, args.seconds, Path(args.profile) /
-                                                    f"engine_r{round_ + 1}_p{peers}_h{per_hop}.txt")
+                            name = f"engine_r{round_ + 1}_p{peers}_h{per_hop}"
+                            profiles = [start_profile(engine.pid, args.seconds, Path(args.profile) / f"{name}{tail}.txt",
+                                                      gil=gil) for tail, gil in (("", False), ("_gil", True))]
                         row = {"round": round_ + 1, "peers": peers, "per_hop": per_hop,
                                **drive(sockets[:peers], tokenizer, sentences, per_hop,
                                        max(1, args.window // per_hop), args.seconds, engine.pid)}
                         if args.profile:  # the event loop is the engine process's main thread
-                            row["profile"] = finish_profile(profile, engine.pid) or {"error": "py-spy is not on PATH"}
+                            row["profile"], row["profile_gil"] = (
+                                finish_profile(p, engine.pid) or {"error": "py-spy is not installed"} for p in profiles)
                         results["rows"].append(row)
                         print(f"round {row['round']} peers {peers:2d} per hop {per_hop:3d}: "
                               f"{row['requests_per_s']:9.1f} requests/s, engine CPU "
@@ -204,7 +206,7 @@ def main() -> None:
                                           row["engine_cpu_ms_per_request_by_thread"].items())
                               + "); cores busy: engine "
                               f"{row['engine_cores_busy']:.2f}, driver {row['driver_cores_busy']:.2f}", flush=True)
-                        for line in profile_lines(row.get("profile")):
+                        for line in [*profile_lines(row.get("profile")), *profile_lines(row.get("profile_gil"))]:
                             print("  " + line, flush=True)
         finally:
             for socket in sockets:

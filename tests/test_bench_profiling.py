@@ -28,15 +28,18 @@ def test_samples_split_by_thread_role_with_self_and_inclusive_shares():
     assert other["self"] == [["run_batch (serving/engine.py)", 1.0]]
 
 
-def test_a_busy_process_is_sampled_in_its_busy_function(tmp_path):
+def test_a_busy_process_is_sampled_in_its_busy_function_holding_the_gil(tmp_path):
     assert py_spy() is not None, "py-spy is in the test extras"
     busy = subprocess.Popen([sys.executable, "-c", "import time\ndef spin(t):\n    while time.time() < t: pass\n"
                              "spin(time.time() + 8)"])
     try:
-        summary = finish_profile(start_profile(busy.pid, 1, tmp_path / "busy.txt"), busy.pid)
+        profiles = [start_profile(busy.pid, 1, tmp_path / f"busy{gil}.txt", gil=gil) for gil in (False, True)]
+        summaries = [finish_profile(profile, busy.pid) for profile in profiles]
     finally:
         busy.kill()
         busy.wait()
-    assert "error" not in summary, summary  # e.g. no permission to read another process (ptrace restricted)
-    assert summary["main"]["samples"] > 50
-    assert summary["main"]["self"][0][0] == "spin (<string>)"
+    for summary in summaries:  # an error would be e.g. no permission to read another process (ptrace restricted)
+        assert "error" not in summary, summary
+        assert summary["main"]["samples"] > 50
+        assert summary["main"]["self"][0][0] == "spin (<string>)"
+    assert summaries[1]["main"]["gil_held_share"] > 0.5  # pure Python: it holds the GIL all the time it runs

@@ -3,6 +3,10 @@ busy samples, so that a figure measured on a machine we hold for minutes (the GP
 went, without a second run. py-spy reads the process from outside (``--nonblocking``: it never stops it), costing the
 sampled process nothing and a fraction of another core.
 
+With ``gil=True`` only the samples of the thread holding the GIL count, so each role's share of all sampling instants
+is the share of the time it held the GIL: an event loop and a model's worker thread that together hold it nearly all
+the time are bound by the GIL, not by their cores (every socket call and every torch op lets it go and takes it back).
+
     profile = start_profile(pid, seconds, Path("engine.txt"))
     ...  # the measured load
     summary = finish_profile(profile, pid)   # None without py-spy; {"error": ...} when it could not sample
@@ -27,6 +31,8 @@ _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>.*?)(?::\d+)?\)$")
 class Profile:
     process: subprocess.Popen
     output: Path
+    seconds: float
+    gil: bool
 
 
 def py_spy() -> str | None:
@@ -35,15 +41,18 @@ def py_spy() -> str | None:
     return shutil.which("py-spy") or (str(beside) if beside.exists() else None)
 
 
-def start_profile(pid: int, seconds: float, output: Path) -> Profile | None:
-    """py-spy sampling ``pid`` (every thread, idle time left out) for ``seconds`` into ``output`` (collapsed stacks, one
-    per line, each rooted at its thread's id); None where py-spy is not installed."""
+def start_profile(pid: int, seconds: float, output: Path, gil: bool = False) -> Profile | None:
+    """py-spy sampling ``pid`` (every thread, idle time left out; ``gil``: only the thread holding the GIL) for
+    ``seconds`` into ``output`` (collapsed stacks, one per line, each rooted at its thread's id); None where py-spy is
+    not installed."""
     executable = py_spy()
     if executable is None:
         return None
-    command = [executable, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))), "--rate",
-               str(RATE_HZ), "--format", "raw", "--output", str(output), "--nonblocking", "--threads"]
-    return Profile(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True), output)
+    duration = max(1, round(seconds))
+    command = [executable, "record", "--pid", str(pid), "--duration", str(duration), "--rate", str(RATE_HZ),
+               "--format", "raw", "--output", str(output), "--nonblocking", "--threads", *(["--gil"] if gil else [])]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return Profile(process, output, duration, gil)
 
 
 def finish_profile(profile: Profile | None, main_thread: int, top: int = 12) -> dict | None:
@@ -59,7 +68,12 @@ def finish_profile(profile: Profile | None, main_thread: int, top: int = 12) -> 
     if profile.process.returncode != 0 or not profile.output.exists():
         lines = [line for line in errors.splitlines() if line.strip()]
         return {"error": lines[-1] if lines else f"py-spy exited {profile.process.returncode}"}
-    return {"file": profile.output.name, **summarize(profile.output.read_text(), main_thread, top)}
+    summary = summarize(profile.output.read_text(), main_thread, top)
+    if profile.gil:  # one sample per instant at most (the GIL's holder): samples over instants = time held
+        instants = profile.seconds * RATE_HZ
+        for part in summary.values():
+            part["gil_held_share"] = round(part["samples"] / instants, 3)
+    return {"file": profile.output.name, "gil": profile.gil, **summary}
 
 
 def frame_name(frame: str) -> str:
@@ -104,6 +118,8 @@ def profile_lines(summary: dict | None, top: int = 6) -> list[str]:
         return []
     if "error" in summary:
         return [f"profile: not taken ({summary['error']})"]
-    return [f"profile, {role} thread(s), {part['samples']} samples, self: "
-            + "; ".join(f"{name} {share:.0%}" for name, share in part["self"][:top])
+    kind = "holding the GIL" if summary.get("gil") else "busy"
+    return [f"profile ({kind}), {role} thread(s), {part['samples']} samples"
+            + (f", GIL held {part['gil_held_share']:.0%} of the time" if "gil_held_share" in part else "")
+            + ", self: " + "; ".join(f"{name} {share:.0%}" for name, share in part["self"][:top])
             for role, part in summary.items() if isinstance(part, dict)]
