@@ -110,8 +110,9 @@ class Batcher:
         self._closing = False
         self._closed = False
         self._arrivals = itertools.count()
-        self._wake = asyncio.Event()
+        self._wake = asyncio.Event()  # the scheduler task's: a queue delay to time, or a shutdown waiting for idleness
         self._idle = asyncio.Event()
+        self._dispatch_due = False  # a dispatch is scheduled for the end of this event-loop turn
         self._executor = executor
         self._scheduler: asyncio.Task | None = None
 
@@ -270,7 +271,26 @@ class Batcher:
             self._running_loop().call_soon(self._set_gauges)
         if self._waiting_rows or self._in_flight:
             self._idle.clear()  # close() must not see a stale "idle" from before this work arrived
-        self._wake.set()
+        self._dispatch_soon()
+
+    def _dispatch_soon(self) -> None:
+        """Hand out what waits at the end of this event-loop turn, so that what else arrives in the turn shares the
+        batch. A plain callback, not the scheduler task's turn (a task step, an event's future and a ``wait_for`` for
+        every hop and every finished batch); the task only times a queue delay and watches a shutdown."""
+        if self._closing or self._settings.max_queue_delay_ms > 0:
+            self._wake.set()
+        elif not self._waiting_rows:
+            if not self._in_flight:
+                self._idle.set()
+        elif not self._dispatch_due:
+            self._dispatch_due = True
+            self._running_loop().call_soon(self._dispatch_turn)
+
+    def _dispatch_turn(self) -> None:
+        self._dispatch_due = False
+        self._dispatch_ready()
+        if not self._waiting_rows and not self._in_flight:
+            self._idle.set()
 
     def _set_gauges(self) -> None:
         self._gauges_due = False
@@ -365,8 +385,8 @@ class Batcher:
             instance[1].submit(self._work, instance, self._staged.popleft())
         else:
             self._idle_instances.append(instance)
-            self._dispatch_ready()  # at once, rather than when the scheduler's task next runs
-            self._wake.set()
+            self._dispatch_ready()  # at once, rather than at the end of the turn
+            self._dispatch_soon()
 
     # ------------------------------------------------------------------ running (worker thread)
 
@@ -426,7 +446,7 @@ class Batcher:
                 self._deliver(batch, outputs, started, ended)
         finally:
             self._in_flight -= 1
-            self._wake.set()
+            self._dispatch_soon()
 
     def _finished_last(self, batch: _Batch, outcome: tuple[list, float, float] | Exception | None,
                        instance: Instance) -> None:

@@ -1,0 +1,215 @@
+"""The engine process's event loop alone: what a hop's requests cost its Python (decoding the hop, a job per request,
+queueing, cutting and padding batches, settling, encoding the answers), with nothing else in the way.
+
+`engine_hops.py` measures the engine process as it serves: ZeroMQ's calls and wake-ups, the worker thread's model and
+the other processes on the machine all move its figures, by 5-10% between rounds on a 2-core VM. This benchmark keeps
+only the loop's own work, so a change to it shows in one run: the engine's `EngineHost` and the lanes'
+`Batcher`s run in this process on the server's event loop, the socket is a stand-in that hands each answer back at
+once, the model answers with zeros without computing (its worker thread still runs every batch), and the front ends
+are played from the same loop with prebuilt hops. It reports the loop thread's CPU per request, less what playing
+the front ends cost it (reading the answers' job ids: the row's answers read again afterwards, timed alone).
+
+    python -m benchmarks.engine_loop [--per-hop 1 8] [--peers 12] [--window 64] [--seconds 5] [--rounds 3] \
+        [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+from benchmarks.common.timing import machine
+from benchmarks.serve_frontends import build_probe
+from bertzoo.serving import engine_protocol as protocol
+from bertzoo.serving.config import ServeConfig
+from bertzoo.serving.engine import Work
+from bertzoo.serving.engine_process import EngineHost
+from bertzoo.serving.event_loop import run_on_best_loop
+from bertzoo.serving.lanes import open_local_lanes
+from bertzoo.serving.load import load_items
+from bertzoo.serving.metrics import Metrics
+from bertzoo.serving.model import load_served_model
+
+
+class ZeroModel:
+    """A backend that answers every batch with zeros of the right shapes, computing nothing."""
+
+    def __init__(self, hidden: int, labels: int) -> None:
+        self.hidden, self.labels = hidden, labels
+
+    def encode(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        rows, width = batch["input_ids"].shape
+        return np.zeros((rows, width, self.hidden), dtype=np.float32)
+
+    def head(self, task: str, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+        return (np.zeros((len(inputs["states"]), self.labels), dtype=np.float32),)
+
+
+SNDMORE = int(zmq.SNDMORE)
+
+
+class AnsweringSocket:
+    """Stands in for the engine's ROUTER socket: nothing to read, and each message sent goes to ``on_message``."""
+
+    def __init__(self, on_message) -> None:
+        self._read_end, self._write_end = os.pipe()  # a descriptor the loop can watch, never readable
+        self._on_message = on_message
+        self._frames: list[bytes] = []
+
+    def getsockopt(self, option: int) -> int:
+        assert option == zmq.FD
+        return self._read_end
+
+    def get(self, option: int) -> int:
+        return 0  # zmq.EVENTS: no message waits
+
+    def send(self, frame: bytes, flags: int = 0) -> None:
+        self._frames.append(frame)
+        if not flags & SNDMORE:
+            frames, self._frames = self._frames, []
+            self._on_message(frames)
+
+    def close(self) -> None:
+        os.close(self._read_end)
+        os.close(self._write_end)
+
+
+def hop(tokenizer, sentences: list[str], first_id: int) -> list[bytes]:
+    encodings = tokenizer.encode_sentences(sentences, 128)
+    return protocol.jobs_message([(protocol.JobHeader(first_id + i, "main", 30.0, [("sentiment", 1)]),
+                                   [Work("sentiment", (e,))]) for i, e in enumerate(encodings)], [])
+
+
+def playing_cost(messages: list[bytes], per_hop: int) -> float:
+    """CPU seconds per answer of what the played front ends do with the answers (decode, count by slot), timed on
+    ``messages`` (answers the row received) alone, best of 5."""
+    answers = sum(len(protocol.read_results(m).outcomes) for m in messages)
+    best = float("inf")
+    for _ in range(5):
+        counts: dict[int, int] = {}
+        started = time.thread_time()
+        for message in messages:
+            for outcome in protocol.read_results(message).outcomes:
+                slot = outcome.job_id // per_hop
+                counts[slot] = counts.get(slot, per_hop) - 1
+        best = min(best, time.thread_time() - started)
+    return best / max(1, answers)
+
+
+async def measure(config: ServeConfig, sentences: list[str], per_hops: list[int], peers: int, window: int,
+                  seconds: float, rounds: int) -> list[dict]:
+    def loader(cfg: ServeConfig):
+        served = load_served_model(cfg)
+        labels = len(served.spec.labels["sentiment"])
+        return replace(served, backend=ZeroModel(served.spec.hidden_size, labels), spare_backend=None)
+
+    lanes = await open_local_lanes(config, loader, Metrics())
+    loop = asyncio.get_running_loop()
+    state = {"answered": 0, "on_results": None, "kept": []}
+
+    def on_message(frames: list[bytes]) -> None:
+        if state["on_results"] is not None and protocol.kind_of(frames[1]) is protocol.Kind.RESULTS:
+            if len(state["kept"]) < 5000:
+                state["kept"].append(frames[1])
+            state["on_results"](protocol.read_results(frames[1]).outcomes)
+
+    socket = AnsweringSocket(on_message)
+    host = EngineHost(socket, config.batch.max_queue)
+    host.start()
+    host.ready(lanes)
+    names = [b"peer-%02d" % k for k in range(peers)]
+    for name in names:
+        host._handle([name, *protocol.hello_message()])
+    rows = []
+    try:
+        for round_ in range(rounds):
+            for per_hop in per_hops:
+                slots = max(1, window // per_hop)
+                ring = [[names[s % peers], *hop(lanes.tokenizer, [sentences[(s * per_hop + i) % len(sentences)]
+                                                                 for i in range(per_hop)], s * per_hop)]
+                        for s in range(slots)]
+                outstanding = dict.fromkeys(range(slots), per_hop)
+                ends = time.perf_counter() + seconds
+                done = asyncio.Event()
+                in_flight = [slots]
+
+                def on_results(outcomes, ring=ring, outstanding=outstanding, per_hop=per_hop,
+                               ends=ends, done=done, in_flight=in_flight) -> None:
+                    for outcome in outcomes:
+                        slot = outcome.job_id // per_hop
+                        outstanding[slot] -= 1
+                        state["answered"] += 1
+                        if outstanding[slot] == 0:
+                            in_flight[0] -= 1
+                            if time.perf_counter() < ends:  # in a later turn, as a hop read from the socket
+                                outstanding[slot] = per_hop
+                                in_flight[0] += 1
+                                loop.call_soon(host._handle, ring[slot])
+                    if not in_flight[0]:
+                        done.set()
+
+                state.update(answered=0, on_results=on_results, kept=[])
+                cpu, wall = time.thread_time(), time.perf_counter()
+                for frames in ring:
+                    host._handle(frames)
+                await done.wait()
+                cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
+                answered = state["answered"]
+                driver = playing_cost(state["kept"], per_hop) * answered
+                row = {"round": round_ + 1, "per_hop": per_hop, "peers": peers, "requests": answered,
+                       "requests_per_s": round(answered / wall, 1),
+                       "loop_cpu_us_per_request": round(1e6 * (cpu - driver) / answered, 2),
+                       "driver_cpu_us_per_request": round(1e6 * driver / answered, 2)}
+                rows.append(row)
+                print(f"round {row['round']} per hop {per_hop:3d}: loop {row['loop_cpu_us_per_request']:6.2f} us a "
+                      f"request ({row['requests_per_s']:.0f} requests/s; the played front ends "
+                      f"{row['driver_cpu_us_per_request']:.2f} us apart)", flush=True)
+    finally:
+        state["on_results"] = None
+        host.stop()
+        await lanes.close()
+        socket.close()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--probe", default=None, help="the front-end probe's directory (its tokenizer and spec; "
+                        "built if absent; default: a temporary one)")
+    parser.add_argument("--data", default=None, help="ids-sst-dev.csv: its first sentences (default: one sentence)")
+    parser.add_argument("--per-hop", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--peers", type=int, default=12, help="front ends played")
+    parser.add_argument("--window", type=int, default=64, help="requests in flight")
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="engine-loop-") as tmp:
+        artifact = build_probe(Path(args.probe or tmp))
+        config = ServeConfig(str(artifact), instances=1, threads=1, frontends=2, warmup=False)
+        sentences = load_items("sentiment", args.data)[:max(args.window, 64)] if args.data else \
+            ["a gorgeous , witty , seductive movie ."]
+        results = {"machine": machine(), "peers": args.peers, "window_requests": args.window, "rows": []}
+        print(json.dumps(results["machine"]), flush=True)
+
+        async def run() -> None:
+            results["rows"] = await measure(config, sentences, args.per_hop, args.peers, args.window, args.seconds,
+                                            args.rounds)
+
+        run_on_best_loop(run)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
