@@ -14,6 +14,9 @@ per request says what one request costs its loop; its rate is the ceiling a serv
 With `--model`, the engine serves that model instead (e.g. the CUDA engine of `gpu_serving.sh`): its rate against
 the model's in-process ceiling says whether the engine process or the front ends hold a server back.
 
+``--loop-alone``: only the engine's event loop, in this process, without ZeroMQ or a model's compute
+(`benchmarks/common/engine_loop.py`): its own CPU per request, steady enough that a change to it shows in one run.
+
 ``--profile DIR``: each row also samples the engine process with py-spy (where installed) into DIR, and its JSON row
 and printout name the functions that held the loop's and the workers' time.
 
@@ -153,6 +156,8 @@ def main() -> None:
     parser.add_argument("--data", default=None, help="ids-sst-dev.csv: its first sentences (default: one sentence)")
     parser.add_argument("--ceiling", action="store_true",
                         help="with --device cuda and a checkpoint: the engine's in-process ceiling first")
+    parser.add_argument("--loop-alone", action="store_true",
+                        help="the engine's event loop alone, in this process (benchmarks/common/engine_loop.py)")
     parser.add_argument("--profile", default=None, metavar="DIR",
                         help="sample the engine process with py-spy during each row, its stacks into DIR")
     parser.add_argument("--json", default=None)
@@ -167,6 +172,14 @@ def main() -> None:
                "window_requests": args.window, "data": args.data, "rows": []}
     print(json.dumps(results["machine"]), flush=True)
     sentences = load_items("sentiment", args.data)[:max(args.window, 64)] if args.data else [SENTENCE]
+    if args.loop_alone:
+        from benchmarks.common.engine_loop import loop_alone
+
+        results["rows"] = loop_alone(model, sentences, args.per_hop, max(args.peers), args.window, args.seconds,
+                                     args.rounds)
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1))
+        return
     if args.ceiling:
         from benchmarks.gpu_check import cuda_ceiling
 

@@ -9,34 +9,25 @@ once, the model answers with zeros without computing (its worker thread still ru
 are played from the same loop with prebuilt hops. It reports the loop thread's CPU per request, less what playing
 the front ends cost it (reading the answers' job ids: the row's answers read again afterwards, timed alone).
 
-    python -m benchmarks.engine_loop [--per-hop 1 8] [--peers 12] [--window 64] [--seconds 5] [--rounds 3] \
-        [--json FILE]
+    python -m benchmarks.engine_hops --probe DIR --loop-alone [--per-hop 1 8] [--peers 12] [--rounds 3]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import os
-import sys
-import tempfile
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import zmq
 
-from benchmarks.common.timing import machine
-from benchmarks.serve_frontends import build_probe
 from bertzoo.serving import engine_protocol as protocol
 from bertzoo.serving.config import ServeConfig
 from bertzoo.serving.engine import Work
 from bertzoo.serving.engine_process import EngineHost
 from bertzoo.serving.event_loop import run_on_best_loop
 from bertzoo.serving.lanes import open_local_lanes
-from bertzoo.serving.load import load_items
 from bertzoo.serving.metrics import Metrics
 from bertzoo.serving.model import load_served_model
 
@@ -182,34 +173,14 @@ async def measure(config: ServeConfig, sentences: list[str], per_hops: list[int]
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--probe", default=None, help="the front-end probe's directory (its tokenizer and spec; "
-                        "built if absent; default: a temporary one)")
-    parser.add_argument("--data", default=None, help="ids-sst-dev.csv: its first sentences (default: one sentence)")
-    parser.add_argument("--per-hop", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--peers", type=int, default=12, help="front ends played")
-    parser.add_argument("--window", type=int, default=64, help="requests in flight")
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="engine-loop-") as tmp:
-        artifact = build_probe(Path(args.probe or tmp))
-        config = ServeConfig(str(artifact), instances=1, threads=1, frontends=2, warmup=False)
-        sentences = load_items("sentiment", args.data)[:max(args.window, 64)] if args.data else \
-            ["a gorgeous , witty , seductive movie ."]
-        results = {"machine": machine(), "peers": args.peers, "window_requests": args.window, "rows": []}
-        print(json.dumps(results["machine"]), flush=True)
+def loop_alone(artifact: str, sentences: list[str], per_hops: list[int], peers: int, window: int, seconds: float,
+               rounds: int) -> list[dict]:
+    """:func:`measure` on a server's event loop (uvloop where installed), the engine serving ``artifact``."""
+    config = ServeConfig(artifact, instances=1, threads=1, frontends=2, warmup=False)
+    rows: list[dict] = []
 
-        async def run() -> None:
-            results["rows"] = await measure(config, sentences, args.per_hop, args.peers, args.window, args.seconds,
-                                            args.rounds)
+    async def run() -> None:
+        rows.extend(await measure(config, sentences, per_hops, peers, window, seconds, rounds))
 
-        run_on_best_loop(run)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    run_on_best_loop(run)
+    return rows
