@@ -385,8 +385,7 @@ class Batcher:
             instance[1].submit(self._work, instance, self._staged.popleft())
         else:
             self._idle_instances.append(instance)
-            self._dispatch_ready()  # at once, rather than at the end of the turn
-            self._dispatch_soon()
+            self._dispatch_ready()  # at once, rather than at the end of the turn (_finished asked for that too)
 
     # ------------------------------------------------------------------ running (worker thread)
 
