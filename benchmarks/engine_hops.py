@@ -158,6 +158,8 @@ def main() -> None:
                         help="with --device cuda and a checkpoint: the engine's in-process ceiling first")
     parser.add_argument("--loop-alone", action="store_true",
                         help="the engine's event loop alone, in this process (benchmarks/common/engine_loop.py)")
+    parser.add_argument("--batch-ms", type=float, default=0.0,
+                        help="with --loop-alone: each batch's model time, the GIL let go (a GPU's: ~0.5)")
     parser.add_argument("--profile", default=None, metavar="DIR",
                         help="sample the engine process with py-spy during each row, its stacks into DIR")
     parser.add_argument("--json", default=None)
@@ -175,8 +177,9 @@ def main() -> None:
     if args.loop_alone:
         from benchmarks.common.engine_loop import loop_alone
 
+        results["batch_ms"] = args.batch_ms
         results["rows"] = loop_alone(model, sentences, args.per_hop, max(args.peers), args.window, args.seconds,
-                                     args.rounds)
+                                     args.rounds, args.batch_ms / 1000)
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=1))
         return
