@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .base import BackendUnavailable, rows_mask
+from .base import BackendUnavailable, row_index, rows_mask
 
 if TYPE_CHECKING:
     import torch
@@ -95,21 +95,35 @@ class TorchBackend:
 class TorchStates:
     """The encoder's states of one batch as a tensor on the backend's device: ``select`` cuts and masks a task's rows
     there (as ``engine.HostStates`` does on the host) for its head, ``host`` copies rows back only where the host
-    needs them (embeddings)."""
+    needs them (embeddings).
+
+    The batch's attention mask goes to the device once, for every task's rows; a task's rows that are consecutive (a
+    batch of one task: all of it) are a view of the states, not a gather. Each copy from the host and each kernel is
+    host time a GPU's batch waits through."""
 
     def __init__(self, backend: TorchBackend, states: torch.Tensor, mask: np.ndarray) -> None:
         self._backend, self._states, self.mask = backend, states, mask
+        self._device_mask: torch.Tensor | None = None
 
-    def select(self, rows) -> tuple[torch.Tensor, np.ndarray]:
-        mask = rows_mask(self.mask, rows)
-        torch, device = self._backend._torch, self._states.device
-        index = torch.as_tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
-        states = self._states.index_select(0, index)[:, :mask.shape[1]].float()  # the heads take float32
-        return states * torch.from_numpy(mask).to(device, non_blocking=True)[..., None], mask
+    def select(self, rows) -> tuple[torch.Tensor, torch.Tensor]:
+        """States (float32, zero past each sequence's end) and attention mask of ``rows``, on the device, cut to the
+        longest of them."""
+        width = rows_mask(self.mask, rows).shape[1]  # from the host's copy: no wait for the device
+        if self._device_mask is None:
+            self._device_mask = self._backend._tensor(self.mask)
+        index = row_index(rows)
+        if isinstance(index, slice):
+            states, mask = self._states[index, :width], self._device_mask[index, :width]
+        else:
+            torch, device = self._backend._torch, self._states.device
+            gather = torch.as_tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
+            states = self._states.index_select(0, gather)[:, :width]
+            mask = self._device_mask.index_select(0, gather)[:, :width]
+        return states.float() * mask[..., None], mask  # the heads take float32
 
     def host(self, rows) -> tuple[np.ndarray, np.ndarray]:
-        selected, mask = self.select(rows)
-        return selected.cpu().numpy(), mask
+        selected, _ = self.select(rows)
+        return selected.cpu().numpy(), rows_mask(self.mask, rows)
 
     def embeddings(self, rows, pooling: str) -> np.ndarray:
         """Sentence embeddings pooled on the device (as ``base.pool_embeddings`` pools on the host): only
@@ -118,8 +132,7 @@ class TorchStates:
         if pooling == "cls":
             pooled = states[:, 0]
         else:
-            counts = states.new_tensor(mask.sum(axis=1, keepdims=True).astype(np.float32)).clamp(min=1.0)
-            pooled = states.sum(dim=1) / counts
+            pooled = states.sum(dim=1) / mask.sum(dim=1, keepdim=True).to(states.dtype).clamp(min=1.0)
         return (pooled / pooled.norm(dim=-1, keepdim=True).clamp(min=1e-12)).cpu().numpy()
 
 
