@@ -223,8 +223,8 @@ class Batcher:
         self._waiting_jobs += 1
 
     def start_batches(self) -> None:
-        """An idle engine starts on what was added now, rather than a loop turn later when the scheduler's task runs
-        (which would cut the same batch, unless more came in that turn)."""
+        """An idle engine starts on what was added now, rather than at the end of the loop turn (which would cut the
+        same batch, unless more came in that turn)."""
         if not self._in_flight and self._idle_instances and self._settings.max_queue_delay_ms <= 0:
             self._dispatch_ready()
 
