@@ -14,8 +14,9 @@ per request says what one request costs its loop; its rate is the ceiling a serv
 With `--model`, the engine serves that model instead (e.g. the CUDA engine of `gpu_serving.sh`): its rate against
 the model's in-process ceiling says whether the engine process or the front ends hold a server back.
 
-``--loop-alone``: only the engine's event loop, in this process, without ZeroMQ or a model's compute
-(`benchmarks/common/engine_loop.py`): its own CPU per request, steady enough that a change to it shows in one run.
+``--loop-alone [--batch-ms MS]``: only the engine's event loop, in this process, without ZeroMQ or a model's compute
+(`benchmarks/common/engine_loop.py`): its own CPU per request, steady enough that a change to it shows in one run;
+``--batch-ms`` gives each batch that much model time with the GIL let go (~0.5: batches grow as on a GPU).
 
 ``--profile DIR``: each row also samples the engine process with py-spy (where installed) into DIR, and its JSON row
 and printout name the functions that held the loop's and the workers' time.
