@@ -134,3 +134,26 @@ def test_the_engine_bounds_onednn_kernels_unless_the_user_did(tiny_artifact, tmp
               "print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])")
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split()[-1] == (users or str(openvino.PRIMITIVE_CACHE_CAPACITY))
+
+
+def test_engines_built_side_by_side_keep_the_process_locale_and_the_model_cache(tiny_artifact, tmp_path, caplog):
+    """A server builds its engine instances at once on their worker threads. OpenVINO's compile sets the locale to "C"
+    while it runs, and two at once put back each other's "C" (Python's text files would then be ASCII-only); a shared
+    probe file made one instance find the cache "not writable"."""
+    import locale
+    import threading
+
+    pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install 'bertzoo[openvino]')")
+    _, artifact = tiny_artifact
+    before = locale.setlocale(locale.LC_ALL)
+    for attempt in range(4):  # the race lost 5 of 6 such attempts without the fix
+        cache = tmp_path / f"cache-{attempt}"
+        builders = [threading.Thread(target=openvino.OpenVinoBackend, args=(artifact,),
+                                     kwargs={"precision": "fp32", "threads": 1, "cache_dir": cache})
+                    for _ in range(3)]
+        for builder in builders:
+            builder.start()
+        for builder in builders:
+            builder.join()
+        assert locale.setlocale(locale.LC_ALL) == before, f"attempt {attempt}"
+    assert "not writable" not in caplog.text

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +26,10 @@ PRECISIONS = ("auto", "fp32", "bf16")
 # OpenVINO's names for them (ov::hint::inference_precision)
 OV_PRECISION = {"fp32": "f32", "bf16": "bf16"}
 INSTALL_HINT = "pip install 'bertzoo[openvino]'"
+# OpenVINO's compile_model sets the process's locale to "C" while it runs and then puts back the one it found. Two
+# compiles at once (the server builds its engine instances side by side) put back each other's "C": Python's text files
+# then default to ASCII for the rest of the process (5 of 6 tries of 3 concurrent compiles did). One at a time.
+_COMPILE_LOCK = threading.Lock()
 
 
 def resolve_precision(precision: str) -> str:
@@ -87,7 +93,8 @@ class OpenVinoBackend:
         config = compile_config(self.precision, threads)
         try:
             ssaf = self.manifest["model"]["encoder"].get("attention") == "sparsegen_lin"
-            compiled = core.compile_model(_readable(core, encoder, ssaf), "CPU", config)
+            with _COMPILE_LOCK:
+                compiled = core.compile_model(_readable(core, encoder, ssaf), "CPU", config)
         except RuntimeError as e:  # e.g. an operator OpenVINO's ONNX reader does not know
             raise BackendUnavailable(f"OpenVINO {ov.__version__} cannot compile {encoder}: {str(e).splitlines()[0]}; "
                                      "serve it with --backend onnxruntime") from e
@@ -133,9 +140,11 @@ def _usable_cache_dir(cache_dir: str | Path | None) -> Path | None:
     path = Path(cache_dir) if cache_dir else default_cache_dir()
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
+        # A probe file of this call's own: engine instances are built side by side, and one shared name was
+        # removed by one instance under another's feet ("not writable", and that instance compiled uncached).
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".write-test-")
+        os.close(fd)
+        os.unlink(probe)
     except OSError as e:
         log.warning("OpenVINO model cache off: %s is not writable (%s); set --openvino-cache-dir", path, e)
         return None
