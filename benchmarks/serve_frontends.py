@@ -63,8 +63,8 @@ PROBE_ENCODER = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads
 def random_run(directory: Path, encoder_overrides: dict | None = None) -> Path:
     """A checkpoint in ``directory``/run with random weights, of the default backbone's shape or with
     ``encoder_overrides``, trained 1 step on the bundled samples: for speed figures, which do not depend on the
-    weights' values, on a machine a trained model's weights would have to travel to (the GPU session's calls carry
-    64 MiB each). Kept if already there."""
+    weights' values, on a machine a trained model's weights would have to travel to (each call to the GPU
+    machine carries 64 MiB). Kept if already there."""
     run = directory / "run"
     if (run / "LATEST").exists():
         return run
