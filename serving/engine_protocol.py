@@ -9,7 +9,8 @@ process's own cost per hop.
 - ``HELLO`` (front end): no record. Answered by ``READY`` once the model is loaded and warmed up.
 - ``READY`` (engine): :class:`Ready`, the model's facts and its tokenizer, so front ends load nothing themselves.
 - ``JOBS`` (front end): :class:`JobsHeader` (each request's job id, lane, deadline and works; the ids of cancelled
-  jobs); a second frame holds every row's length, token ids and token types, three flat arrays back to back.
+  jobs; every row's length); a second frame holds every row's token ids, then every row's token types, one flat
+  int32 array (one read of the frame on the engine, which a hop of one request pays in full).
 - ``RESULTS`` (engine): :class:`Results`, the outcomes of the jobs a batch finished and the lanes' queue depths.
 
 Records are msgspec Structs encoded as MessagePack arrays: typed on both ends (a decode checks every field's type),
@@ -20,9 +21,9 @@ views on the other side; head outputs (float32 vectors) as MessagePack extension
 
 from __future__ import annotations
 
+import array
 import asyncio
 import enum
-import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -51,12 +52,12 @@ class Kind(enum.IntEnum):
 _KIND_PREFIXES = {kind: bytes([kind]) for kind in Kind}
 
 
+_KINDS = {int(kind): kind for kind in Kind}  # a lookup, not Kind(byte): an enum call per hop is a Python-level call
+
+
 def kind_of(frame: bytes) -> Kind | None:
     """A message's kind from its first frame; None for a frame that names none (a peer of another version)."""
-    try:
-        return Kind(frame[0]) if frame else None
-    except ValueError:
-        return None
+    return _KINDS.get(frame[0]) if frame else None
 
 
 class ErrorCode(enum.IntEnum):
@@ -93,6 +94,7 @@ class JobHeader(msgspec.Struct, array_like=True, frozen=True):
 class JobsHeader(msgspec.Struct, array_like=True, frozen=True):
     jobs: list[JobHeader]
     cancelled: list[int]  # jobs cancelled since the last hop; one also listed in `jobs` is never queued
+    lengths: list[int]  # every row's tokens, in order (a hop's few rows decode faster as a list than as an array)
 
 
 class Failure(msgspec.Struct, array_like=True, frozen=True):
@@ -169,24 +171,25 @@ def read_ready(frame: bytes) -> Ready:
 def jobs_message(jobs: Sequence[tuple[JobHeader, Sequence[Work]]], cancelled: Sequence[int]) -> list[bytes]:
     """A ``JOBS`` hop: each request's header with its works, and the jobs cancelled since the last hop."""
     rows = [row for _, works in jobs for work in works for row in work.rows]
-    lengths = np.fromiter((len(row.input_ids) for row in rows), dtype=np.int32, count=len(rows))
-    total = int(lengths.sum())
-    ids = np.fromiter(itertools.chain.from_iterable(row.input_ids for row in rows), dtype=np.int32, count=total)
-    types = np.fromiter(itertools.chain.from_iterable(row.token_type_ids for row in rows), dtype=np.int8, count=total)
-    header = JobsHeader([header for header, _ in jobs], list(cancelled))
-    return [_record(Kind.JOBS, header), b"".join((lengths.tobytes(), ids.tobytes(), types.tobytes()))]
+    tokens: list[int] = []  # one list, then one conversion: an array's extend converts item by item, slower
+    for row in rows:
+        tokens += row.input_ids
+    for row in rows:
+        tokens += row.token_type_ids
+    header = JobsHeader([header for header, _ in jobs], list(cancelled), [len(row.input_ids) for row in rows])
+    return [_record(Kind.JOBS, header), array.array("i", tokens).tobytes()]
 
 
 def read_jobs(frames: Sequence[bytes]) -> tuple[list[tuple[JobHeader, list[Work]]], list[int]]:
-    """The requests of a ``JOBS`` hop, their rows views of the hop's arrays."""
+    """The requests of a ``JOBS`` hop, their rows views of the hop's one token array."""
     header_frame, tokens = frames
     header = _jobs_decoder.decode(memoryview(header_frame)[1:])
-    rows = sum(count for job in header.jobs for _, count in job.works)
-    # Plain ints from here: a hop holds a few rows, where numpy's per-call cost outweighs its loops.
-    lengths = np.frombuffer(tokens, dtype=np.int32, count=rows).tolist()
+    lengths = header.lengths
     total = sum(lengths)
-    ids = np.frombuffer(tokens, dtype=np.int32, count=total, offset=4 * rows)
-    types = np.frombuffer(tokens, dtype=np.int8, count=total, offset=4 * (rows + total))
+    flat = np.frombuffer(tokens, dtype=np.int32)
+    if len(flat) != 2 * total:
+        raise msgspec.ValidationError(f"a JOBS hop has {len(flat)} token values for rows of {total} tokens")
+    ids, types = flat[:total], flat[total:]
     jobs = []
     start = row = 0
     for job in header.jobs:
@@ -200,6 +203,8 @@ def read_jobs(frames: Sequence[bytes]) -> tuple[list[tuple[JobHeader, list[Work]
             row += count
             works.append(Work(task, tuple(encodings)))
         jobs.append((job, works))
+    if row != len(lengths):
+        raise msgspec.ValidationError(f"a JOBS hop's works have {row} rows, its lengths {len(lengths)}")
     return jobs, header.cancelled
 
 

@@ -193,6 +193,11 @@ def test_what_crosses_comes_back_as_it_left():
     with pytest.raises(msgspec.ValidationError):  # a header of the wrong shape is refused, not half read
         protocol.read_jobs([protocol.Kind.JOBS.prefix + msgspec.msgpack.encode([[[1, "sideways", None, []]], []]),
                             frames[1]])
+    with pytest.raises(msgspec.ValidationError, match="token values"):  # tokens that the lengths do not account for
+        protocol.read_jobs([frames[0], frames[1][:-4]])
+    with pytest.raises(msgspec.ValidationError, match="rows"):  # works whose rows the lengths do not count
+        protocol.read_jobs([protocol.Kind.JOBS.prefix + msgspec.msgpack.encode(
+            [[[7, "main", None, [["sentiment", 1]]]], [], [3, 4]]), frames[1][:4 * 2 * 7]])
 
 
 def test_replicas_share_a_front_ends_requests_by_what_each_has_outstanding(tiny_artifact, tmp_path):
