@@ -27,13 +27,13 @@ request's windows are separate items (``engine.split_windows``), run a few per b
 past its deadline stops between batches. Cancelled requests (``cancel``, which an RPC's cancelled
 future calls) leave the queue at once, and a request whose deadline has passed is dropped when its turn comes: neither
 reaches the model. A request finds the queue full (``max_queue`` requests waiting) -> :class:`QueueFull` at once.
-A backend error fails the requests in that batch only.
+A backend error fails the requests in that batch only. The waiting items themselves are a
+:class:`~bertzoo.serving.bucket_queue.BucketQueue`; this module decides when and where they run.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 from collections import deque
@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from .bucket_queue import BucketQueue, QueuedItem
 from .config import BatchSettings
 from .engine import Work, prepare_inputs
 from .errors import BackendFailure, DeadlineExceeded, QueueFull, ServingError, Unavailable
@@ -56,21 +57,9 @@ BatchRunner = Callable[[Sequence[Work], dict], list]
 Instance = tuple[BatchRunner, ThreadPoolExecutor]
 
 
-class _Item:
-    __slots__ = ("job", "index", "bucket", "order", "enqueued", "rows")
-
-    def __init__(self, job: Job, index: int, bucket: int, order: int, enqueued: float, rows: int) -> None:
-        self.job = job
-        self.index = index  # position in job.works
-        self.bucket = bucket
-        self.order = order  # arrival order: the oldest item picks the next batch's bucket
-        self.enqueued = enqueued  # event-loop time, for the queue delay
-        self.rows = rows
-
-
 @dataclass
 class _Batch:
-    items: list[_Item]
+    items: list[QueuedItem]
     bucket: int
     inputs: dict
     rows: int
@@ -99,17 +88,12 @@ class Batcher:
         self._batch_tokens = metrics.batch_tokens.labels(lane)
         self._gauges_due = False
         metrics.queue_limit.labels(lane).set(settings.max_queue)
-        self._bucket_for = bucket_for
         self._pad_id = pad_id
         self._settings = settings
-        self._queues: dict[int, deque[_Item]] = {}
-        self._bucket_rows: dict[int, int] = {}
-        self._waiting_jobs = 0
-        self._waiting_rows = 0
+        self._queue = BucketQueue(bucket_for)
         self._in_flight = 0  # batches handed to the worker and not finished
         self._closing = False
         self._closed = False
-        self._arrivals = itertools.count()
         self._wake = asyncio.Event()  # the scheduler task's: a queue delay to time, or a shutdown waiting for idleness
         self._idle = asyncio.Event()
         self._dispatch_due = False  # a dispatch is scheduled for the end of this event-loop turn
@@ -139,9 +123,8 @@ class Batcher:
             await asyncio.wait_for(self._idle.wait(), timeout)
         except asyncio.TimeoutError:
             log.warning("batcher (%s lane): %d requests still queued at shutdown; failing them", self.lane,
-                        self._waiting_jobs)
-        waiting = dict.fromkeys(item.job for queue in self._queues.values() for item in queue)
-        for job in waiting:
+                        self._queue.jobs)
+        for job in self._queue.waiting_jobs():
             self._settle(job, Unavailable("the server shut down", reason="shutdown"))
         while self._staged:
             self._fail(self._staged.popleft(), Unavailable("the server shut down", reason="shutdown"))
@@ -165,13 +148,13 @@ class Batcher:
     @property
     def waiting(self) -> int:
         """Requests waiting in the queue (what ``max_queue`` bounds)."""
-        return self._waiting_jobs
+        return self._queue.jobs
 
     def check_room(self) -> None:
         """Raise what :meth:`submit` would raise now for lack of room: lets a caller refuse before tokenizing."""
         if self._closing:
             raise Unavailable("the server is shutting down", reason="shutdown")
-        if self._waiting_jobs >= self._settings.max_queue:
+        if self._queue.jobs >= self._settings.max_queue:
             raise QueueFull(f"the server's queue is full ({self._settings.max_queue} requests waiting); retry later")
 
     def submit(self, works: Sequence[Work], timeout: float | None = None) -> Job:
@@ -187,7 +170,7 @@ class Batcher:
     def add(self, job: Job) -> None:
         """Queue ``job`` (the batcher calls its ``on_settled`` when it settles), without starting a batch yet."""
         self.check_room()
-        self._enqueue(job, self._running_loop().time())
+        self._queue.add(job, self._running_loop().time())
         self._changed()
 
     def add_all(self, jobs: Sequence[Job]) -> list[tuple[Job, ServingError]]:
@@ -202,25 +185,9 @@ class Batcher:
             except ServingError as e:
                 refused.append((job, e))
                 continue
-            self._enqueue(job, now)
+            self._queue.add(job, now)
         self._changed()
         return refused
-
-    def _enqueue(self, job: Job, now: float) -> None:
-        if not job.works:
-            raise ValueError("a request needs at least one item")
-        queues, bucket_rows = self._queues, self._bucket_rows
-        for index, work in enumerate(job.works):
-            bucket = self._bucket_for(work.longest)
-            rows = len(work.rows)
-            queue = queues.get(bucket)
-            if queue is None:
-                queue = queues[bucket] = deque()
-            queue.append(_Item(job, index, bucket, next(self._arrivals), now, rows))
-            bucket_rows[bucket] = bucket_rows.get(bucket, 0) + rows
-            self._waiting_rows += rows
-            job.buckets.add(bucket)
-        self._waiting_jobs += 1
 
     def start_batches(self) -> None:
         """An idle engine starts on what was added now, rather than at the end of the loop turn (which would cut the
@@ -246,30 +213,14 @@ class Batcher:
 
     def _forget(self, job: Job) -> None:
         """Take a job's waiting items out of the queue."""
-        if job.queued == 0:
-            return
-        for bucket in job.buckets:
-            queue = self._queues[bucket]
-            kept = [item for item in queue if item.job is not job]
-            for item in queue:
-                if item.job is job:
-                    self._unqueue(item)
-            queue.clear()  # in place: _take may be iterating over this very deque
-            queue.extend(kept)
-        self._changed()
-
-    def _unqueue(self, item: _Item) -> None:
-        self._bucket_rows[item.bucket] -= item.rows
-        self._waiting_rows -= item.rows
-        item.job.queued -= 1
-        if item.job.queued == 0:
-            self._waiting_jobs -= 1
+        if self._queue.forget(job):
+            self._changed()
 
     def _changed(self) -> None:
         if not self._gauges_due:  # once per loop turn: a multiprocess gauge's set costs a getpid and a lock
             self._gauges_due = True
             self._running_loop().call_soon(self._set_gauges)
-        if self._waiting_rows or self._in_flight:
+        if self._queue.rows or self._in_flight:
             self._idle.clear()  # close() must not see a stale "idle" from before this work arrived
         self._dispatch_soon()
 
@@ -279,7 +230,7 @@ class Batcher:
         every hop and every finished batch); the task only times a queue delay and watches a shutdown."""
         if self._closing or self._settings.max_queue_delay_ms > 0:
             self._wake.set()
-        elif not self._waiting_rows:
+        elif not self._queue.rows:
             if not self._in_flight:
                 self._idle.set()
         elif not self._dispatch_due:
@@ -289,13 +240,13 @@ class Batcher:
     def _dispatch_turn(self) -> None:
         self._dispatch_due = False
         self._dispatch_ready()
-        if not self._waiting_rows and not self._in_flight:
+        if not self._queue.rows and not self._in_flight:
             self._idle.set()
 
     def _set_gauges(self) -> None:
         self._gauges_due = False
-        self._queue_depth.set(self._waiting_jobs)
-        self._queue_sequences.set(self._waiting_rows)
+        self._queue_depth.set(self._queue.jobs)
+        self._queue_sequences.set(self._queue.rows)
 
     # ------------------------------------------------------------------ scheduling (event loop)
 
@@ -303,7 +254,7 @@ class Batcher:
         while True:
             self._wake.clear()
             timeout = self._dispatch_ready()
-            if self._waiting_rows == 0 and self._in_flight == 0:
+            if self._queue.rows == 0 and self._in_flight == 0:
                 self._idle.set()
             else:
                 self._idle.clear()
@@ -312,26 +263,20 @@ class Batcher:
             except asyncio.TimeoutError:
                 pass  # the queue delay of the oldest item ran out
 
-    def _is_full(self, bucket: int) -> bool:
-        rows = self._bucket_rows.get(bucket, 0)
-        return rows >= self._settings.max_batch_size or rows * bucket >= self._settings.max_batch_tokens
-
-    def _oldest(self) -> _Item:
-        return min((q[0] for q in self._queues.values() if q), key=lambda item: item.order)
-
     def _dispatch_ready(self) -> float | None:
         """Hand the worker every batch it should get now; returns how long to sleep (None: until woken)."""
         loop = self._running_loop()
         # One batch per instance running, and one more cut and padded, waiting for the first instance to free.
-        while self._waiting_rows and self._in_flight <= self._instance_count:
-            oldest = self._oldest()
-            full = self._is_full(oldest.bucket)
+        settings = self._settings
+        while self._queue.rows and self._in_flight <= self._instance_count:
+            oldest = self._queue.oldest()
+            full = self._queue.is_full(oldest.bucket, settings.max_batch_size, settings.max_batch_tokens)
             if self._in_flight >= self._instance_count and not full and self._instance_count == 1:
                 # Its one instance is busy: collect more items meanwhile. With several, the next batch is cut now:
                 # an instance that waited for the event loop (busy answering the last batch's requests) to cut its
                 # next batch left its core idle meanwhile.
                 return None
-            delay = self._settings.max_queue_delay_ms / 1000.0
+            delay = settings.max_queue_delay_ms / 1000.0
             if not self._in_flight and not full and delay > 0 and not self._closing:
                 left = oldest.enqueued + delay - loop.time()
                 if left > 0:
@@ -341,31 +286,15 @@ class Batcher:
                 self._launch(items, oldest.bucket)
         return None
 
-    def _take(self, bucket: int, now: float) -> list[_Item]:
-        queue, settings = self._queues[bucket], self._settings
-        taken: list[_Item] = []
-        rows = 0
-        while queue:
-            item = queue[0]
-            job = item.job
-            if job.abandoned():  # its future cancelled, the callback that tells us not run yet
-                job.done = job.cancelled = True
-                self._forget(job)  # takes this item too
-                continue
-            if job.expired(now):
-                self._settle(job, DeadlineExceeded("the deadline passed while the request was queued"))
-                continue
-            if taken and (rows + item.rows > settings.max_batch_size
-                          or (rows + item.rows) * bucket > settings.max_batch_tokens):
-                break
-            queue.popleft()
-            self._unqueue(item)
-            taken.append(item)
-            rows += item.rows
+    def _take(self, bucket: int, now: float) -> list[QueuedItem]:
+        settings = self._settings
+        taken, expired = self._queue.take(bucket, now, settings.max_batch_size, settings.max_batch_tokens)
+        for job in expired:
+            self._settle(job, DeadlineExceeded("the deadline passed while the request was queued"))
         self._changed()
         return taken
 
-    def _launch(self, items: list[_Item], bucket: int) -> None:
+    def _launch(self, items: list[QueuedItem], bucket: int) -> None:
         works = [item.job.works[item.index] for item in items]
         width = bucket if self._settings.pad_to == "bucket" else None
         batch = _Batch(items, bucket, prepare_inputs(works, width, self._pad_id), sum(i.rows for i in items))

@@ -141,7 +141,7 @@ def test_a_full_batch_is_cut_while_the_worker_is_busy_so_two_batches_are_in_flig
         await until(lambda: batcher._in_flight == 1)
         jobs = [batcher.submit([sentence(4, marker=2)]) for _ in range(4)]  # a full batch (max_batch_size 4)
         await until(lambda: batcher._in_flight == 2)
-        assert batcher._waiting_rows == 0  # cut and padded, waiting for the worker
+        assert batcher._queue.rows == 0  # cut and padded, waiting for the worker
         runner.gate.set()
         await asyncio.gather(blocker.future, *(j.future for j in jobs))
 
@@ -174,10 +174,10 @@ def test_with_every_instance_busy_the_next_batch_is_cut_ahead_and_run_by_the_fir
                 await until(lambda n=marker: batcher._in_flight == n)
             ahead = batcher.submit([sentence(5, marker=3)])
             await until(lambda: batcher._in_flight == 3)
-            assert batcher._waiting_rows == 0  # cut and padded ahead, with both instances busy
+            assert batcher._queue.rows == 0  # cut and padded ahead, with both instances busy
             later = [batcher.submit([sentence(5, marker=4)]) for _ in range(2)]
             await asyncio.sleep(0.05)
-            assert batcher._in_flight == 3 and batcher._waiting_rows == 2  # one batch ahead, no more
+            assert batcher._in_flight == 3 and batcher._queue.rows == 2  # one batch ahead, no more
             second.gate.set()  # the second instance finishes first and takes the batch cut ahead
             assert await asyncio.wait_for(ahead.future, 5) == [30]
             assert not held[0].future.done()
@@ -240,7 +240,7 @@ def test_cancelled_and_expired_requests_never_reach_the_model():
         kept = batcher.submit([sentence(4, marker=4)])
         cancelled.future.cancel()
         await asyncio.sleep(0)  # the done-callback takes the cancelled job out of the queue
-        assert batcher._waiting_jobs == 2 and batcher._waiting_rows == 2
+        assert batcher._queue.jobs == 2 and batcher._queue.rows == 2
         await asyncio.sleep(0.05)
         runner.gate.set()
         with pytest.raises(DeadlineExceeded):
