@@ -303,8 +303,9 @@ def cuda_ceiling(run: str, sentences: list[str], seconds: float = 3.0, device: s
     ("best") is the fastest of at least 5 passes over ``seconds``; "median" and every pass's rate come with it.
 
     Beside it, best and median of as many passes each: "engine", the same sentences through the server's engine
-    path (tokenized, then in length-sorted batches of 64 padded as the batcher pads and run by ``run_batch``, states
-    kept on the device up to the heads), and "model", the encoder alone on the pipeline's batches (tokenized and
+    path (tokenized, then in length-sorted batches of 64 padded as the batcher pads and run by ``run_batch``: on CUDA
+    the encoder and the Sentiment head as one graph; "engine_heads_eager", on CUDA, the same with the head run after
+    the encoder's graph), and "model", the encoder alone on the pipeline's batches (tokenized and
     padded beforehand, states left where the backend keeps them). The gaps say what tokenization, padding, copies,
     heads and post-processing cost. ``device="cpu"``: the same measures of the fp32 engine without graphs, so the GPU
     steps can be run through on a machine without a GPU."""
@@ -350,6 +351,10 @@ def cuda_ceiling(run: str, sentences: list[str], seconds: float = 3.0, device: s
 
     found = summary(passes(lambda: pipeline.predict(backend, "sentiment", examples, tokenizer, config.limits, 64)))
     found["engine"] = summary(passes(engine_path))
+    if cuda:  # the engine path with the heads run after the encoder's graph instead of inside it
+        backend.graph_heads = False
+        found["engine_heads_eager"] = summary(passes(engine_path))
+        backend.graph_heads = True
     found["model"] = summary(passes(model_alone))
     backend = model = None  # freed before the cache is emptied
     if cuda:

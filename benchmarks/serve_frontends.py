@@ -156,6 +156,10 @@ def gpu_rows(args: argparse.Namespace, texts: list[str], workdir: Path, keep: Ca
           f"{len(found['passes'])} passes); the server's engine path {found['engine']['best']:.1f}/s (median "
           f"{found['engine']['median']:.1f}/s); the model alone {found['model']['best']:.1f}/s (median "
           f"{found['model']['median']:.1f}/s)", flush=True)
+    if "engine_heads_eager" in found:
+        print(f"  the engine path with the head after the encoder's graph, not in it: "
+              f"{found['engine_heads_eager']['best']:.1f}/s (median {found['engine_heads_eager']['median']:.1f}/s)",
+              flush=True)
     out: dict = {"ceiling_per_s": ceiling, "ceiling": found, "concurrency": args.gpu_concurrency, "rows": [],
                  "lone": {}, "device": args.gpu_device}
     engine = ["--backend", "torch", "--device", args.gpu_device]

@@ -20,10 +20,9 @@ import numpy as np
 from bertzoo.pipeline import PAIR_TASKS, Backend
 from bertzoo.tokenization import Encoding, QAWindow, pad_batch
 
-from .backends.base import pool_embeddings, row_index, rows_mask
+from .backends.base import EMBED, pool_embeddings, row_index, rows_mask
 
 Row = Encoding | QAWindow
-EMBED = "embed"  # not a head: pooled encoder states
 
 
 @dataclass(frozen=True)
@@ -120,38 +119,62 @@ def encoded_states(backend: Backend, inputs: dict[str, np.ndarray]):
 
 def run_batch(backend: Backend, works: Sequence[Work], inputs: dict[str, np.ndarray], pooling: str) -> list[object]:
     """One output per work, in order. sentiment: logits [labels]; paraphrase / similarity: the head's scalar;
-    qa: (start logits, end logits), one array per window trimmed to its length; embed: a unit vector [h]."""
+    qa: (start logits, end logits), one array per window trimmed to its length; embed: a unit vector [h].
+
+    A batch of one task on a backend that runs the encoder and that task's head as one unit (``run_task``: the torch
+    engine's CUDA graphs) takes that path; every other batch runs the encoder once, then each task's head on its
+    rows."""
+    task = works[0].task
+    run_task = getattr(backend, "run_task", None)
+    if run_task is not None and all(work.task == task for work in works):
+        outputs = run_task(task, inputs, pooling)
+        if outputs is not None:
+            return task_results(task, works, outputs)
     encoded = encoded_states(backend, inputs)
     first_row = list(itertools.accumulate((len(w.rows) for w in works), initial=0))  # plain ints: a few works
 
     by_task: dict[str, list[int]] = defaultdict(list)
     for i, work in enumerate(works):
         by_task[work.task].append(i)
-    outputs: list[object] = [None] * len(works)
+    results: list[object] = [None] * len(works)
     for task, members in by_task.items():
         rows = [first_row[i] for i in members]
         if task == EMBED:
-            results: Sequence[object] = list(encoded.embeddings(rows, pooling))
+            outputs = (encoded.embeddings(rows, pooling),)
         elif task in PAIR_TASKS:
             states_a, mask_a = encoded.select(rows)
             states_b, mask_b = encoded.select([r + 1 for r in rows])
-            head = backend.head(task, {"states_a": states_a, "mask_a": mask_a, "states_b": states_b, "mask_b": mask_b})
-            results = [float(x) for x in np.asarray(head[0]).reshape(-1)]
+            outputs = backend.head(task, {"states_a": states_a, "mask_a": mask_a, "states_b": states_b,
+                                          "mask_b": mask_b})
         elif task == "qa":
-            window_rows = [r + k for i, r in zip(members, rows, strict=True) for k in range(len(works[i].rows))]
-            states, mask = encoded.select(window_rows)
-            start, end = backend.head("qa", {"states": states, "mask": mask})
-            results, k = [], 0
-            for i in members:
-                lengths = [len(w.input_ids) for w in works[i].rows]
-                results.append(([start[k + j, :n] for j, n in enumerate(lengths)],
-                                [end[k + j, :n] for j, n in enumerate(lengths)]))
-                k += len(lengths)
+            states, mask = encoded.select([r + k for i, r in zip(members, rows, strict=True)
+                                           for k in range(len(works[i].rows))])
+            outputs = backend.head("qa", {"states": states, "mask": mask})
         else:  # a sentence head (sentiment)
-            results = list(backend.head(task, dict(zip(("states", "mask"), encoded.select(rows), strict=True)))[0])
-        for i, result in zip(members, results, strict=True):
-            outputs[i] = result
-    return outputs
+            outputs = backend.head(task, dict(zip(("states", "mask"), encoded.select(rows), strict=True)))
+        for i, result in zip(members, task_results(task, [works[i] for i in members], outputs), strict=True):
+            results[i] = result
+    return results
+
+
+def task_results(task: str, works: Sequence[Work], outputs: Sequence) -> list[object]:
+    """One result per work of ``task`` from its head's ``outputs`` over their rows, in order: the embeddings [works,
+    h]; a pair head's scores [works]; QA's start and end logits [windows, length], cut per work and window; a sentence
+    head's logits [works, labels]."""
+    if task == EMBED:
+        return list(outputs[0])
+    if task in PAIR_TASKS:
+        return [float(x) for x in np.asarray(outputs[0]).reshape(-1)]
+    if task == "qa":
+        start, end = outputs
+        results, k = [], 0
+        for work in works:
+            lengths = [len(w.input_ids) for w in work.rows]
+            results.append(([start[k + j, :n] for j, n in enumerate(lengths)],
+                            [end[k + j, :n] for j, n in enumerate(lengths)]))
+            k += len(lengths)
+        return results
+    return list(outputs[0])
 
 
 class EngineRunner:

@@ -152,3 +152,66 @@ def test_a_wrong_engine_fails_the_golden_check(golden, wrong):
     with pytest.raises(AssertionError):
         check_golden(works, outputs, reference, precision, wrong)
     assert max(d["abs"] for d in deviations(works, outputs, reference).values()) > 0
+
+
+@pytest.mark.parametrize("device, precision", [("cpu", "fp32"), ("cuda", "fp16")])
+def test_one_task_batches_through_a_graph_of_encoder_and_head_meet_the_golden_outputs(golden, device, precision):
+    """The torch engine's CUDA graphs run a batch of one task as one graph of the encoder and that task's head
+    (``TorchBackend.run_task``): every task's works as a batch of their own meet the stored outputs, and each took
+    that path (a graph per task). On the CPU nothing is captured (a replay runs the function again), so the inputs'
+    padding to a power of two, the pair rows' split and the outputs' cuts are checked here; the capture on a GPU."""
+    import torch
+
+    from bertzoo.trainer.cuda_graphs import GraphedEncoder
+
+    run, artifact, works, _, reference = golden
+    pad_id = Tokenizer.from_file(artifact / "tokenizer.json").pad_id
+    backend = build(f"torch/{device}/{precision}", run, None)
+    if device == "cuda":
+        backend.graphs = GraphedEncoder(backend._encode_tensors, backend.device)  # as cuda_graphs=True makes it
+    else:  # the constructor keeps CUDA graphs to CUDA devices; the same object with nothing captured
+        backend.graphs = GraphedEncoder(backend._encode_tensors, torch.device("cpu"))
+    outputs: list = [None] * len(works)
+    for task in dict.fromkeys(w.task for w in works):
+        members = [i for i, w in enumerate(works) if w.task == task]
+        batch = [works[i] for i in members]
+        for i, out in zip(members, run_batch(backend, batch, prepare_inputs(batch, None, pad_id), "mean"),
+                          strict=True):
+            outputs[i] = out
+    check_golden(works, outputs, reference, precision, f"torch/{device}, encoder and head as one graph")
+    assert {key for _, _, key in backend.graphs.keys} == {(w.task, "mean") for w in works}
+
+    backend.graph_heads = False  # the usual path: the encoder's graph, then the head
+    batch = [w for w in works if w.task == "sentiment"]
+    check_golden(batch, run_batch(backend, batch, prepare_inputs(batch, None, pad_id), "mean"),
+                 [reference[i] for i, w in enumerate(works) if w.task == "sentiment"], precision, "heads eager")
+
+
+def test_a_head_that_cannot_be_captured_runs_eagerly_with_the_same_answers(golden, monkeypatch, caplog):
+    """A zoo head may synchronise with the host or shape itself by the data, which a CUDA graph cannot capture: the
+    failure is logged once and that task's batches take the usual path from then on, answering the same."""
+    import torch
+
+    from bertzoo.trainer.cuda_graphs import GraphedEncoder
+
+    run, artifact, works, _, reference = golden
+    pad_id = Tokenizer.from_file(artifact / "tokenizer.json").pad_id
+    backend = build("torch/cpu/fp32", run, None)
+    backend.graphs = GraphedEncoder(backend._encode_tensors, torch.device("cpu"))
+    captured = GraphedEncoder._capture
+
+    def capture(self, rows, length, key, function):
+        if key is not None:
+            raise RuntimeError("operation not permitted when stream is capturing")  # what CUDA says of a sync
+        return captured(self, rows, length, key, function)
+
+    monkeypatch.setattr(GraphedEncoder, "_capture", capture)
+    batch = [w for w in works if w.task == "sentiment"]
+    want = [reference[i] for i, w in enumerate(works) if w.task == "sentiment"]
+    for _ in range(2):
+        check_golden(batch, run_batch(backend, batch, prepare_inputs(batch, None, pad_id), "mean"), want, "fp32",
+                     "an uncapturable head, run eagerly")
+    assert [r.message for r in caplog.records].count(
+        "could not capture ('sentiment', 'mean') as a CUDA graph (RuntimeError: operation not permitted when stream "
+        "is capturing); running it eagerly") == 1
+    assert backend.graphs.keys and all(key is None for _, _, key in backend.graphs.keys)  # the encoder's graph ran

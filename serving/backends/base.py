@@ -13,6 +13,7 @@ from bertzoo.packing import is_packed, pack_batch
 # A padded encoder graph's inputs (export/onnx_graphs.py): TensorRT's, Triton's, and older artifacts' encoder.onnx.
 ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 ENCODER_OUTPUT = "last_hidden_state"
+EMBED = "embed"  # the Embed RPC's task: not a head, the pooled encoder states
 
 
 def encoder_feed(batch: dict[str, np.ndarray], input_names: list[str] | tuple[str, ...]) -> dict[str, np.ndarray]:

@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .base import BackendUnavailable, row_index, rows_mask
+from bertzoo.pipeline import PAIR_TASKS
+
+from .base import EMBED, BackendUnavailable, row_index, rows_mask
 
 if TYPE_CHECKING:
     import torch
@@ -25,14 +27,16 @@ class TorchBackend:
 
     ``precision`` fp16 / bf16 casts the encoder's weights to that type (so use it on a model of its own, as the
     server does); the heads are small and stay float32, fed the encoder's states as float32, as on every engine.
-    ``cuda_graphs`` replays the encoder as captured CUDA graphs (trainer/cuda_graphs.py), for a model on a GPU.
+    ``cuda_graphs`` replays the encoder as captured CUDA graphs (trainer/cuda_graphs.py), for a model on a GPU; a batch
+    of one task then runs the encoder and that task's head as one graph (:meth:`run_task`) unless ``graph_heads`` is
+    off.
     ``resident_states`` (default: on cuda) keeps the encoder's states on the device for the heads
     (:meth:`encode_resident`): the host path copies batch x length x hidden floats to the host, cuts and masks them
     there with numpy, and copies them back for the heads.
     """
 
     def __init__(self, model: MultitaskModel, device: torch.device | None = None, precision: str = "fp32",
-                 cuda_graphs: bool = False, resident_states: bool | None = None) -> None:
+                 cuda_graphs: bool = False, resident_states: bool | None = None, graph_heads: bool = True) -> None:
         import torch
 
         if precision not in PRECISIONS:
@@ -53,6 +57,7 @@ class TorchBackend:
             model.eval()
             self.graphs = GraphedEncoder(self._encode_tensors, self.device)
         self.resident_states = self.device.type == "cuda" if resident_states is None else resident_states
+        self.graph_heads = graph_heads
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return self._torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
@@ -82,6 +87,34 @@ class TorchBackend:
     def encode_resident(self, batch: dict[str, np.ndarray]) -> TorchStates:
         """:meth:`encode`, with the states left on the device."""
         return TorchStates(self, self._states(batch), batch["attention_mask"])
+
+    def run_task(self, task: str, batch: dict[str, np.ndarray], pooling: str) -> tuple[np.ndarray, ...] | None:
+        """The outputs of ``task``'s head over every row of a batch of that task alone, the encoder and the head
+        replayed as one CUDA graph: what ``serving.engine.run_batch`` would get from :meth:`encode_resident` and
+        :meth:`head` (one per pair for the pair tasks; the states' full width, where the heads mask what
+        ``TorchStates.select`` would have cut). None where no graph runs it (no graphs, heads left out of them, more
+        rows than a graph holds): the caller takes the usual path."""
+        if self.graphs is None or not self.graph_heads:
+            return None
+        self._eval_mode()
+        pairs = task in PAIR_TASKS
+        with self._torch.no_grad():
+            return self.graphs.run(batch, (task, pooling), lambda inputs: self._encode_and_head(task, pooling, inputs),
+                                   (lambda rows: rows // 2) if pairs else (lambda rows: rows))
+
+    def _encode_and_head(self, task: str, pooling: str, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """What :meth:`run_task` captures: the encoder, its states zero past each sequence's end (as
+        ``TorchStates.select`` gives them), then the task's head, or the pooled unit vectors for Embed."""
+        mask = inputs["attention_mask"]
+        states = self.model.encode(inputs).float() * mask[..., None]  # the heads take float32
+        if task == EMBED:
+            return (unit_embeddings(states, mask, pooling),)
+        if task in PAIR_TASKS:  # a pair's two sentences are consecutive rows
+            out = self.model.heads[task](states_a=states[0::2], mask_a=mask[0::2], states_b=states[1::2],
+                                         mask_b=mask[1::2])
+        else:
+            out = self.model.heads[task](states=states, mask=mask)
+        return out if isinstance(out, tuple) else (out,)
 
     def head(self, task: str, inputs: dict[str, np.ndarray | torch.Tensor]) -> tuple[np.ndarray, ...]:
         self._eval_mode()
@@ -128,22 +161,29 @@ class TorchStates:
     def embeddings(self, rows, pooling: str) -> np.ndarray:
         """Sentence embeddings pooled on the device (as ``base.pool_embeddings`` pools on the host): only
         rows x hidden floats come back, not the rows' states."""
-        states, mask = self.select(rows)  # zero past each sequence's end
-        if pooling == "cls":
-            pooled = states[:, 0]
-        else:
-            pooled = states.sum(dim=1) / mask.sum(dim=1, keepdim=True).to(states.dtype).clamp(min=1.0)
-        return (pooled / pooled.norm(dim=-1, keepdim=True).clamp(min=1e-12)).cpu().numpy()
+        return unit_embeddings(*self.select(rows), pooling).cpu().numpy()  # the states are zero past each end
+
+
+def unit_embeddings(states: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tensor:
+    """Sentence embeddings of states zero past each sequence's end, pooled and L2-normalised on the device, as
+    ``base.pool_embeddings`` does on the host."""
+    if pooling == "cls":
+        pooled = states[:, 0]
+    else:
+        pooled = states.sum(dim=1) / mask.sum(dim=1, keepdim=True).to(states.dtype).clamp(min=1.0)
+    return pooled / pooled.norm(dim=-1, keepdim=True).clamp(min=1e-12)
 
 
 def create(source: MultitaskModel, *, device: str | torch.device | None = None, precision: str = "fp32",
-           cuda_graphs: bool = False, resident_states: bool | None = None, **_) -> TorchBackend:
+           cuda_graphs: bool = False, resident_states: bool | None = None, graph_heads: bool = True,
+           **_) -> TorchBackend:
     """The backend's factory in the registry: ``source`` is the model itself; ``device`` None: where the model is."""
     if isinstance(device, str):  # "cpu", "cuda"
         import torch
 
         device = torch.device(device)
-    return TorchBackend(source, device, precision=precision, cuda_graphs=cuda_graphs, resident_states=resident_states)
+    return TorchBackend(source, device, precision=precision, cuda_graphs=cuda_graphs, resident_states=resident_states,
+                        graph_heads=graph_heads)
 
 
 def check(device: str) -> None:
