@@ -121,13 +121,12 @@ def run_batch(backend: Backend, works: Sequence[Work], inputs: dict[str, np.ndar
     """One output per work, in order. sentiment: logits [labels]; paraphrase / similarity: the head's scalar;
     qa: (start logits, end logits), one array per window trimmed to its length; embed: a unit vector [h].
 
-    A batch of one task on a backend that runs the encoder and that task's head as one unit (``run_task``: the torch
-    engine's CUDA graphs) takes that path; every other batch runs the encoder once, then each task's head on its
-    rows."""
+    A batch of one task on a backend that runs the encoder and that task's head as one unit (``runs_tasks``, then
+    ``run_task``: the torch engine's CUDA graphs) takes that path; every other batch runs the encoder once, then each
+    task's head on its rows."""
     task = works[0].task
-    run_task = getattr(backend, "run_task", None)
-    if run_task is not None and all(work.task == task for work in works):
-        outputs = run_task(task, inputs, pooling)
+    if getattr(backend, "runs_tasks", False) and all(work.task == task for work in works):
+        outputs = backend.run_task(task, inputs, pooling)
         if outputs is not None:
             return task_results(task, works, outputs)
     encoded = encoded_states(backend, inputs)

@@ -88,13 +88,18 @@ class TorchBackend:
         """:meth:`encode`, with the states left on the device."""
         return TorchStates(self, self._states(batch), batch["attention_mask"])
 
+    @property
+    def runs_tasks(self) -> bool:
+        """Whether :meth:`run_task` may run a one-task batch: CUDA graphs, with the heads in them."""
+        return self.graphs is not None and self.graph_heads
+
     def run_task(self, task: str, batch: dict[str, np.ndarray], pooling: str) -> tuple[np.ndarray, ...] | None:
         """The outputs of ``task``'s head over every row of a batch of that task alone, the encoder and the head
         replayed as one CUDA graph: what ``serving.engine.run_batch`` would get from :meth:`encode_resident` and
         :meth:`head` (one per pair for the pair tasks; the states' full width, where the heads mask what
         ``TorchStates.select`` would have cut). None where no graph runs it (no graphs, heads left out of them, more
         rows than a graph holds): the caller takes the usual path."""
-        if self.graphs is None or not self.graph_heads:
+        if not self.runs_tasks:
             return None
         self._eval_mode()
         pairs = task in PAIR_TASKS
