@@ -150,6 +150,21 @@ def test_serve_on_cuda_reports_device_and_precision(tiny_artifact):
         assert len(answer.results) == 2
 
 
+@pytest.mark.gpu
+@cuda
+def test_the_servers_largest_batch_fits_its_cuda_graphs(tiny_artifact):
+    """A graph holds the server's largest batch (rows up to the next power of two), so raising --max-batch-size does
+    not send the largest batches off the graphs to run eagerly."""
+    from dataclasses import replace
+
+    from bertzoo.serving.model import load_served_model
+
+    run, _ = tiny_artifact
+    config = serve_config(run, backend="torch", device="cuda")
+    config = replace(config, batch=replace(config.batch, max_batch_size=100))
+    assert load_served_model(config).backend.graphs.max_rows == 128
+
+
 def test_cuda_device_without_a_gpu_or_onnxruntime_gpu_names_what_to_install(monkeypatch):
     """On a machine without the GPU pieces, asking for them stops at start with one line naming the package."""
     import onnxruntime as ort

@@ -122,16 +122,18 @@ def backend_entry(name: str) -> BackendEntry:
 def create_backend(name: str, source, *, device: str | object | None = None, variant: str = "fp32",
                    precision: str = "fp32", threads: int | None = None, spinning: bool = False,
                    cuda_graphs: bool = False, manifest: dict | None = None, resident_states: bool | None = None,
-                   sparsegen: str = "auto", cache_dir: str | Path | None = None) -> Backend:
+                   sparsegen: str = "auto", cache_dir: str | Path | None = None, graph_rows: int = 64) -> Backend:
     """A backend of :data:`BACKENDS`. ``source``: an export artifact directory, or for torch a MultitaskModel (whose
     ``device`` may be a torch.device; None: where the model is; the artifact backends' default is the CPU).
     ``variant``: the artifact's encoder (fp32, optimized, int8; for tensorrt, the engine, tensorrt_fp16).
     ``precision``: the torch backend's encoder (fp32, fp16, bf16), or OpenVINO's inference precision (auto, fp32,
     bf16). ``sparsegen``: how ONNX Runtime runs an SSAF encoder's SparsegenLin (export/ort_kernel). ``cache_dir``:
-    OpenVINO's compiled-model cache. Each factory takes the options it uses."""
+    OpenVINO's compiled-model cache. ``graph_rows``: the most rows a CUDA graph holds (larger batches run eagerly).
+    Each factory takes the options it uses."""
     return backend_entry(name).create(source, device=device, variant=variant, precision=precision, threads=threads,
                                       spinning=spinning, cuda_graphs=cuda_graphs, manifest=manifest,
-                                      resident_states=resident_states, sparsegen=sparsegen, cache_dir=cache_dir)
+                                      resident_states=resident_states, sparsegen=sparsegen, cache_dir=cache_dir,
+                                      graph_rows=graph_rows)
 
 
 def check_model_dir(backend: str, model_dir: str, verify_key: str | None = None) -> None:
