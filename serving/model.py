@@ -114,7 +114,6 @@ def _from_checkpoint(config: ServeConfig) -> ServedModel:
 
     from bertzoo.trainer.checkpoint import TOKENIZER, load_model
     from bertzoo.trainer.config import TrainConfig
-    from bertzoo.trainer.cuda_graphs import padded_rows
 
     from .backends import check_available, create_backend
 
@@ -126,7 +125,7 @@ def _from_checkpoint(config: ServeConfig) -> ServedModel:
     precision = config.resolved_precision
     backend = create_backend(config.backend, model.to(device).eval(), device=device, precision=precision,
                              cuda_graphs=config.device == "cuda" and config.cuda_graphs,
-                             graph_rows=padded_rows(config.batch.max_batch_size))  # every batch in a graph
+                             graph_rows=config.batch.max_batch_size)  # every batch in a graph
     train_config = TrainConfig.from_dict(saved["train"])
     limits = train_config.limits
     spec = ModelSpec(

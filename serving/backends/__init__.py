@@ -128,8 +128,8 @@ def create_backend(name: str, source, *, device: str | object | None = None, var
     ``variant``: the artifact's encoder (fp32, optimized, int8; for tensorrt, the engine, tensorrt_fp16).
     ``precision``: the torch backend's encoder (fp32, fp16, bf16), or OpenVINO's inference precision (auto, fp32,
     bf16). ``sparsegen``: how ONNX Runtime runs an SSAF encoder's SparsegenLin (export/ort_kernel). ``cache_dir``:
-    OpenVINO's compiled-model cache. ``graph_rows``: the most rows a CUDA graph holds (larger batches run eagerly).
-    Each factory takes the options it uses."""
+    OpenVINO's compiled-model cache. ``graph_rows``: the rows a CUDA graph holds, rounded up to a power of two
+    (larger batches run eagerly). Each factory takes the options it uses."""
     return backend_entry(name).create(source, device=device, variant=variant, precision=precision, threads=threads,
                                       spinning=spinning, cuda_graphs=cuda_graphs, manifest=manifest,
                                       resident_states=resident_states, sparsegen=sparsegen, cache_dir=cache_dir,

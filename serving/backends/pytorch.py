@@ -29,7 +29,8 @@ class TorchBackend:
     server does); the heads are small and stay float32, fed the encoder's states as float32, as on every engine.
     ``cuda_graphs`` replays the encoder as captured CUDA graphs (trainer/cuda_graphs.py), for a model on a GPU; a batch
     of one task then runs the encoder and that task's head as one graph (:meth:`run_task`) unless ``graph_heads`` is
-    off. A graph holds up to ``graph_rows`` rows (the server passes its largest batch); larger batches run eagerly.
+    off. A graph holds ``graph_rows`` rows, rounded up to a power of two (the server passes its largest batch);
+    larger batches run eagerly.
     ``resident_states`` (default: on cuda) keeps the encoder's states on the device for the heads
     (:meth:`encode_resident`): the host path copies batch x length x hidden floats to the host, cuts and masks them
     there with numpy, and copies them back for the heads.
@@ -53,10 +54,10 @@ class TorchBackend:
         if cuda_graphs:
             if self.device.type != "cuda":
                 raise ValueError(f"CUDA graphs need a model on a CUDA device, this one is on {self.device}")
-            from bertzoo.trainer.cuda_graphs import GraphedEncoder
+            from bertzoo.trainer.cuda_graphs import GraphedEncoder, padded_rows
 
             model.eval()
-            self.graphs = GraphedEncoder(self._encode_tensors, self.device, max_rows=graph_rows)
+            self.graphs = GraphedEncoder(self._encode_tensors, self.device, max_rows=padded_rows(graph_rows))
         self.resident_states = self.device.type == "cuda" if resident_states is None else resident_states
         self.graph_heads = graph_heads
 
