@@ -20,7 +20,7 @@ from bertzoo.tokenization import Tokenizer
 
 from .backends import BACKENDS
 from .config import BatchSettings, ServeConfig
-from .engine import PAD_MULTIPLE
+from .engine import EMBED, PAD_MULTIPLE
 
 log = logging.getLogger("bertzoo.serving")
 
@@ -153,7 +153,9 @@ def warm_up(served: ServedModel, backend: Backend | None = None, settings: Batch
     """Run the encoder (of ``backend``, default the main one) once per length bucket, and every head, so no client
     pays for first-run allocations; with ``settings``, also the largest batches they allow (:func:`largest_batches`),
     so the engine holds the buffers of its worst batch from the start, as a container's memory limit should see it,
-    rather than growing to them under traffic."""
+    rather than growing to them under traffic. An engine that runs one-task batches as a unit of encoder and head
+    (``runs_tasks``: the torch engine's CUDA graphs) runs each task so too, at one row (a pair, for the pair tasks)
+    per bucket: a lone request's first batch then finds its graph captured."""
     backend = backend if backend is not None else served.backend
     tok = served.tokenizer
     shapes = [(1, bucket) for bucket in served.spec.length_buckets]
@@ -169,6 +171,14 @@ def warm_up(served: ServedModel, backend: Backend | None = None, settings: Batch
                 backend.head(task, {"states_a": states, "mask_a": mask, "states_b": states, "mask_b": mask})
             else:
                 backend.head(task, {"states": states, "mask": mask})
+    if getattr(backend, "runs_tasks", False):
+        for width in served.spec.length_buckets:
+            ids = np.full((2, width), tok.unk_id, dtype=np.int64)
+            ids[:, 0], ids[:, -1] = tok.cls_id, tok.sep_id
+            for task in (*served.spec.tasks, EMBED):
+                rows = 2 if task in ("paraphrase", "similarity") else 1
+                backend.run_task(task, {"input_ids": ids[:rows], "attention_mask": np.ones_like(ids[:rows]),
+                                        "token_type_ids": np.zeros_like(ids[:rows])}, served.spec.pooling)
 
 
 def largest_batches(settings: BatchSettings, longest: int) -> list[tuple[int, int]]:

@@ -50,3 +50,21 @@ def test_a_function_of_several_outputs_comes_back_cut_to_the_real_rows_on_the_ho
     np.testing.assert_allclose(per_row, states.mean(dim=1).numpy(), atol=1e-5)
     np.testing.assert_allclose(per_pair, states[0::2, 0].numpy(), atol=1e-5)
     assert graphs.keys == [(8, 16, "pooled")]
+
+
+def test_warm_up_captures_every_tasks_graph_at_each_bucket(tiny_artifact):
+    """A lone request's first batch finds its graph of encoder and head captured: the warm-up runs every task (and
+    Embed) as a one-task batch at each length bucket, one row, or one pair for the pair tasks."""
+    from bertzoo.serving.model import load_served_model, warm_up
+    from conftest import serve_config
+
+    run, _ = tiny_artifact
+    served = load_served_model(serve_config(run, backend="torch", device="cpu"))
+    backend = served.backend
+    backend.graphs = GraphedEncoder(backend._encode_tensors, torch.device("cpu"))  # nothing captured on the CPU
+    warm_up(served)
+    tasks = (*served.spec.tasks, "embed")
+    pairs = ("paraphrase", "similarity")
+    assert {key for key in backend.graphs.keys if key[2] is not None} == {
+        (2 if task in pairs else 1, width, (task, served.spec.pooling))
+        for width in served.spec.length_buckets for task in tasks}
