@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bertzoo.pipeline import Backend
+from bertzoo.pipeline import PAIR_TASKS, Backend
 from bertzoo.tasks import Limits, task_spec
 from bertzoo.tokenization import Tokenizer
 
@@ -176,7 +176,7 @@ def warm_up(served: ServedModel, backend: Backend | None = None, settings: Batch
             ids = np.full((2, width), tok.unk_id, dtype=np.int64)
             ids[:, 0], ids[:, -1] = tok.cls_id, tok.sep_id
             for task in (*served.spec.tasks, EMBED):
-                rows = 2 if task in ("paraphrase", "similarity") else 1
+                rows = 2 if task in PAIR_TASKS else 1
                 backend.run_task(task, {"input_ids": ids[:rows], "attention_mask": np.ones_like(ids[:rows]),
                                         "token_type_ids": np.zeros_like(ids[:rows])}, served.spec.pooling)
 

@@ -28,17 +28,16 @@ class TorchBackend:
     ``precision`` fp16 / bf16 casts the encoder's weights to that type (so use it on a model of its own, as the
     server does); the heads are small and stay float32, fed the encoder's states as float32, as on every engine.
     ``cuda_graphs`` replays the encoder as captured CUDA graphs (trainer/cuda_graphs.py), for a model on a GPU; a batch
-    of one task then runs the encoder and that task's head as one graph (:meth:`run_task`) unless ``graph_heads`` is
-    off. A graph holds ``graph_rows`` rows, rounded up to a power of two (the server passes its largest batch);
-    larger batches run eagerly.
+    of one task then runs the encoder and that task's head as one graph (:meth:`run_task`). A graph holds
+    ``graph_rows`` rows, rounded up to a power of two (the server passes its largest batch); larger batches run
+    eagerly.
     ``resident_states`` (default: on cuda) keeps the encoder's states on the device for the heads
     (:meth:`encode_resident`): the host path copies batch x length x hidden floats to the host, cuts and masks them
     there with numpy, and copies them back for the heads.
     """
 
     def __init__(self, model: MultitaskModel, device: torch.device | None = None, precision: str = "fp32",
-                 cuda_graphs: bool = False, resident_states: bool | None = None, graph_heads: bool = True,
-                 graph_rows: int = 64) -> None:
+                 cuda_graphs: bool = False, resident_states: bool | None = None, graph_rows: int = 64) -> None:
         import torch
 
         if precision not in PRECISIONS:
@@ -59,7 +58,7 @@ class TorchBackend:
             model.eval()
             self.graphs = GraphedEncoder(self._encode_tensors, self.device, max_rows=padded_rows(graph_rows))
         self.resident_states = self.device.type == "cuda" if resident_states is None else resident_states
-        self.graph_heads = graph_heads
+        self.graph_heads = True  # off: the heads run after the encoder's graph (gpu_check compares the two)
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return self._torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
@@ -182,15 +181,15 @@ def unit_embeddings(states: torch.Tensor, mask: torch.Tensor, pooling: str) -> t
 
 
 def create(source: MultitaskModel, *, device: str | torch.device | None = None, precision: str = "fp32",
-           cuda_graphs: bool = False, resident_states: bool | None = None, graph_heads: bool = True,
-           graph_rows: int = 64, **_) -> TorchBackend:
+           cuda_graphs: bool = False, resident_states: bool | None = None, graph_rows: int = 64,
+           **_) -> TorchBackend:
     """The backend's factory in the registry: ``source`` is the model itself; ``device`` None: where the model is."""
     if isinstance(device, str):  # "cpu", "cuda"
         import torch
 
         device = torch.device(device)
     return TorchBackend(source, device, precision=precision, cuda_graphs=cuda_graphs, resident_states=resident_states,
-                        graph_heads=graph_heads, graph_rows=graph_rows)
+                        graph_rows=graph_rows)
 
 
 def check(device: str) -> None:
