@@ -12,10 +12,11 @@ a batch carries more than 7 padding tokens (padding is compute thrown away, and 
   than a batch allows runs alone.
 - **When**: at once when an engine instance is idle (of several, the one that finished last: its weights are warm;
   ``max_queue_delay_ms`` > 0 lets an idle model wait that long for a fuller batch). While every instance runs a
-  batch, the next one is cut and padded ahead, and the first instance to finish takes it on its own worker thread,
-  without waiting for the event loop: at once with several instances (CPU engines, where a batch costs in proportion
-  to its rows), and with one instance (a GPU's usual setting, where a batch costs about the same at 1 row or 32) only
-  when a full batch waits; otherwise it is cut when the instance frees, taking everything that came meanwhile.
+  batch, the next one is cut and padded ahead from what waits, and the first instance to finish takes it on its own
+  worker thread, without waiting for the event loop: an instance that waited for the loop (busy taking in and
+  answering requests) to cut its next batch would sit idle meanwhile. With one instance (a GPU's usual setting, where
+  a batch costs about the same at 1 row or 32) that wait was as long as the batch itself, and cutting ahead beat
+  collecting everything that came until the instance freed (benchmarks/journal/gpu.md, "The next batch cut ahead").
 
 The model runs on worker threads, never on the event loop: one per engine instance (``--instances``; batches run
 side by side, one per instance). A server has two batchers ("lanes", served by two
@@ -55,6 +56,8 @@ log = logging.getLogger("bertzoo.serving")
 BatchRunner = Callable[[Sequence[Work], dict], list]
 # An engine instance: its batch runner and the one-thread worker (model_worker) it runs on.
 Instance = tuple[BatchRunner, ThreadPoolExecutor]
+# A batch run: the items it ran, their outputs, and when it started and ended (time.perf_counter()).
+Computed = tuple[list[QueuedItem], list, float, float]
 
 
 @dataclass
@@ -63,6 +66,18 @@ class _Batch:
     bucket: int
     inputs: dict
     rows: int
+
+
+def _rows_of(batch: _Batch, items: list[QueuedItem]) -> dict:
+    """The padded inputs of ``items`` (some of ``batch.items``, in their order) alone."""
+    kept = set(map(id, items))
+    index: list[int] = []
+    row = 0
+    for item in batch.items:
+        if id(item) in kept:
+            index.extend(range(row, row + item.rows))
+        row += item.rows
+    return {name: values[index] for name, values in batch.inputs.items()}
 
 
 class Batcher:
@@ -271,11 +286,6 @@ class Batcher:
         while self._queue.rows and self._in_flight <= self._instance_count:
             oldest = self._queue.oldest()
             full = self._queue.is_full(oldest.bucket, settings.max_batch_size, settings.max_batch_tokens)
-            if self._in_flight >= self._instance_count and not full and self._instance_count == 1:
-                # Its one instance is busy: collect more items meanwhile. With several, the next batch is cut now:
-                # an instance that waited for the event loop (busy answering the last batch's requests) to cut its
-                # next batch left its core idle meanwhile.
-                return None
             delay = settings.max_queue_delay_ms / 1000.0
             if not self._in_flight and not full and delay > 0 and not self._closing:
                 left = oldest.enqueued + delay - loop.time()
@@ -336,53 +346,54 @@ class Batcher:
             self._loop.call_soon_threadsafe(self._finished, batch, outcome)
             batch = staged
 
-    def _compute(self, run: BatchRunner, batch: _Batch) -> tuple[list, float, float] | None:
-        """Run the batch; None when all of its requests were cancelled or expired while it waited for the worker
-        (read-only looks at the jobs: the event loop settles them)."""
+    def _compute(self, run: BatchRunner, batch: _Batch) -> Computed | None:
+        """Run the batch's items whose requests are still waited for and within their deadlines: a batch cut ahead
+        may hold some cancelled or expired since, whose rows leave it so that they never reach the model (the event
+        loop settles them). None when no item is left. Read-only looks at the jobs."""
         now = time.monotonic()  # the event loop's clock
-        if all(item.job.abandoned() or item.job.expired(now) for item in batch.items):
+        items = [item for item in batch.items if not (item.job.abandoned() or item.job.expired(now))]
+        if not items:
             return None
+        inputs = batch.inputs if len(items) == len(batch.items) else _rows_of(batch, items)
         started = time.perf_counter()
-        outputs = run([item.job.works[item.index] for item in batch.items], batch.inputs)
-        if len(outputs) != len(batch.items):
-            raise RuntimeError(f"the batch runner gave {len(outputs)} outputs for {len(batch.items)} items")
+        outputs = run([item.job.works[item.index] for item in items], inputs)
+        if len(outputs) != len(items):
+            raise RuntimeError(f"the batch runner gave {len(outputs)} outputs for {len(items)} items")
         ended = time.perf_counter()
         # Observed here, on the worker, not on the event loop every request passes through (the metrics are
         # thread-safe; in a multiprocess server each observation is a lock and a write to a shared file).
         self._batch_seconds.observe(ended - started)
-        self._batch_size.observe(batch.rows)
-        self._batch_tokens.observe(batch.inputs["input_ids"].size)
-        return outputs, started, ended
+        self._batch_size.observe(inputs["input_ids"].shape[0])
+        self._batch_tokens.observe(inputs["input_ids"].size)
+        return items, outputs, started, ended
 
     # ------------------------------------------------------------------ outcomes (event loop)
 
     def _expire(self, batch: _Batch, now: float) -> None:
-        """Fail the batch's requests whose deadline passed while it waited for the worker."""
+        """Fail the batch's requests whose deadline has passed (while it waited for the worker, or ran)."""
         for item in batch.items:
             if item.job.expired(now):
                 self._settle(item.job, DeadlineExceeded("the deadline passed while the request was queued"))
 
-    def _finished(self, batch: _Batch, outcome: tuple[list, float, float] | Exception | None) -> None:
+    def _finished(self, batch: _Batch, outcome: Computed | Exception | None) -> None:
         try:
-            if outcome is None:  # cut ahead of time, and by its turn nobody waited for it any more
-                self._expire(batch, self._running_loop().time())
-            elif isinstance(outcome, Exception):
+            if isinstance(outcome, Exception):
                 log.error("batch of %d sequences (bucket %d) failed", batch.rows, batch.bucket, exc_info=outcome)
                 self._fail(batch, BackendFailure(f"the model failed on this request's batch ({type(outcome).__name__})"))
             else:
-                outputs, started, ended = outcome
-                self._deliver(batch, outputs, started, ended)
+                if outcome is not None:
+                    self._deliver(*outcome)
+                self._expire(batch, self._running_loop().time())  # the items left out of the run for their deadline
         finally:
             self._in_flight -= 1
             self._dispatch_soon()
 
-    def _finished_last(self, batch: _Batch, outcome: tuple[list, float, float] | Exception | None,
-                       instance: Instance) -> None:
+    def _finished_last(self, batch: _Batch, outcome: Computed | Exception | None, instance: Instance) -> None:
         self._finished(batch, outcome)
         self._release(instance)
 
-    def _deliver(self, batch: _Batch, outputs: list, started: float, ended: float) -> None:
-        for item, output in zip(batch.items, outputs, strict=True):
+    def _deliver(self, items: list[QueuedItem], outputs: list, started: float, ended: float) -> None:
+        for item, output in zip(items, outputs, strict=True):
             job = item.job
             job.first_start = started if job.first_start is None else min(job.first_start, started)
             job.last_end = ended if job.last_end is None else max(job.last_end, ended)

@@ -39,15 +39,25 @@ class ZeroModel:
 
     def __init__(self, hidden: int, labels: int, seconds: float = 0.0) -> None:
         self.hidden, self.labels, self.seconds = hidden, labels, seconds
+        self.reset()
+
+    def reset(self) -> None:
         self.batches = self.rows = 0  # counted on the worker thread
+        self.busy = 0.0  # seconds inside encode: the stand-in device at work
+        self.first_start = self.last_end = None
 
     def encode(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        started = time.perf_counter()
         rows, width = batch["input_ids"].shape
         self.batches += 1
         self.rows += rows
         if self.seconds:
             time.sleep(self.seconds)
-        return np.zeros((rows, width, self.hidden), dtype=np.float32)
+        states = np.zeros((rows, width, self.hidden), dtype=np.float32)
+        self.last_end = time.perf_counter()
+        self.first_start = started if self.first_start is None else self.first_start
+        self.busy += self.last_end - started
+        return states
 
     def head(self, task: str, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
         return (np.zeros((len(inputs["states"]), self.labels), dtype=np.float32),)
@@ -102,6 +112,17 @@ def playing_cost(messages: list[bytes], per_hop: int) -> float:
                 counts[slot] = counts.get(slot, per_hop) - 1
         best = min(best, time.thread_time() - started)
     return best / max(1, answers)
+
+
+def device_share(model: ZeroModel) -> dict[str, float]:
+    """What a device would see of the row: the share of the time from the first batch's start to the last one's end
+    that a batch was running (its encode: with ``--batch-ms``, the stand-in device's own time), and the mean gap
+    between one batch's end and the next one's start (the host's work between batches, the device idle)."""
+    if model.first_start is None or model.batches < 2:
+        return {"model_busy_share": 0.0, "gap_us_per_batch": 0.0}
+    span = model.last_end - model.first_start
+    return {"model_busy_share": round(model.busy / span, 3),
+            "gap_us_per_batch": round(1e6 * (span - model.busy) / (model.batches - 1), 1)}
 
 
 async def measure(config: ServeConfig, sentences: list[str], per_hops: list[int], peers: int, window: int,
@@ -159,7 +180,7 @@ async def measure(config: ServeConfig, sentences: list[str], per_hops: list[int]
                         done.set()
 
                 state.update(answered=0, on_results=on_results, kept=[])
-                models[0].batches = models[0].rows = 0
+                models[0].reset()
                 cpu, wall = time.thread_time(), time.perf_counter()
                 for frames in ring:
                     host._handle(frames)
@@ -171,11 +192,14 @@ async def measure(config: ServeConfig, sentences: list[str], per_hops: list[int]
                        "requests_per_s": round(answered / wall, 1),
                        "loop_cpu_us_per_request": round(1e6 * (cpu - driver) / answered, 2),
                        "driver_cpu_us_per_request": round(1e6 * driver / answered, 2),
-                       "mean_batch_rows": round(models[0].rows / max(1, models[0].batches), 1)}
+                       "mean_batch_rows": round(models[0].rows / max(1, models[0].batches), 1),
+                       **device_share(models[0])}
                 rows.append(row)
                 print(f"round {row['round']} per hop {per_hop:3d}: loop {row['loop_cpu_us_per_request']:6.2f} us a "
                       f"request ({row['requests_per_s']:.0f} requests/s; the played front ends "
-                      f"{row['driver_cpu_us_per_request']:.2f} us apart; {row['mean_batch_rows']} rows a batch)",
+                      f"{row['driver_cpu_us_per_request']:.2f} us apart; {row['mean_batch_rows']} rows a batch; "
+                      f"the model busy {row['model_busy_share']:.0%} of the time, {row['gap_us_per_batch']:.0f} us "
+                      "between batches)",
                       flush=True)
     finally:
         state["on_results"] = None
