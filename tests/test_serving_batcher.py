@@ -132,21 +132,27 @@ def test_the_oldest_waiting_item_picks_the_bucket():
     assert [b[0] for b in runner.batches] == [[1], [2], [3, 3, 3]]
 
 
-def test_a_full_batch_is_cut_while_the_worker_is_busy_so_two_batches_are_in_flight():
+def test_with_its_one_instance_busy_the_next_batch_is_cut_ahead_from_what_waits():
+    """A GPU's setting: while the instance runs a batch, the next one is cut and padded from what waits at the end of
+    that turn (not a full batch), and the instance takes it as it finishes; what comes later goes to the batch after
+    it."""
     runner = Runner()
 
     async def scenario(batcher: Batcher):
         runner.gate.clear()
         blocker = batcher.submit([sentence(4, marker=1)])
         await until(lambda: batcher._in_flight == 1)
-        jobs = [batcher.submit([sentence(4, marker=2)]) for _ in range(4)]  # a full batch (max_batch_size 4)
+        early = [batcher.submit([sentence(4, marker=2)]) for _ in range(2)]  # 2 of max_batch_size 4
         await until(lambda: batcher._in_flight == 2)
         assert batcher._queue.rows == 0  # cut and padded, waiting for the worker
+        late = batcher.submit([sentence(4, marker=3)])
+        await asyncio.sleep(0.01)
+        assert batcher._in_flight == 2 and batcher._queue.rows == 1  # one batch ahead, no more
         runner.gate.set()
-        await asyncio.gather(blocker.future, *(j.future for j in jobs))
+        await asyncio.gather(blocker.future, *(j.future for j in early), late.future)
 
     run(scenario, runner, max_batch_size=4)
-    assert [b[0] for b in runner.batches] == [[1], [2, 2, 2, 2]]
+    assert [b[0] for b in runner.batches] == [[1], [2, 2], [3]]
 
 
 def two_instances(first, second) -> Batcher:
@@ -158,8 +164,8 @@ def two_instances(first, second) -> Batcher:
 
 
 def test_with_every_instance_busy_the_next_batch_is_cut_ahead_and_run_by_the_first_to_finish():
-    """With two instances, one waiting item is cut into a batch at once while both run (one instance keeps
-    collecting: the test above); only one batch is cut ahead, and it runs when either instance finishes."""
+    """With two instances, one waiting item is cut into a batch at once while both run; only one batch is cut ahead,
+    and it runs when either instance finishes."""
     first, second = Runner(), Runner()
 
     async def main():
