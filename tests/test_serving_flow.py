@@ -92,12 +92,23 @@ def test_a_batch_holds_sequences_of_one_padded_width(controlled):
         assert rows == len(real) and width - min(real) < 8, (width, real)
 
 
+def send_one_by_one(running, client, texts: list[str], handled_before: float) -> list:
+    """A call per text, each sent once the server handles the one before (the in-flight gauge counts it): the first
+    is cut ahead as the next batch on its own, and the rest wait in the queue behind it."""
+    calls = []
+    for text in texts:
+        calls.append(client.stub.Sentiment.future(request(text), timeout=30))
+        handled = handled_before + len(calls)
+        wait_for(lambda n=handled: sample(running, "bertzoo_inflight_requests") == n)
+    return calls
+
+
 def test_a_full_queue_answers_resource_exhausted_at_once(controlled):
     running, client, backend = controlled
-    backend.delay = 1.0  # ample time to fill the queue behind the running batch
+    backend.delay = 1.0  # ample time to fill the queue behind the running batch and the one cut ahead
     running_call = client.stub.Sentiment.future(request("occupies the model"), timeout=30)
     wait_for(lambda: backend.batch_rows)
-    queued = [client.stub.Sentiment.future(request(f"waits {i}"), timeout=30) for i in range(MAX_QUEUE)]
+    queued = send_one_by_one(running, client, ["cut ahead", *(f"waits {i}" for i in range(MAX_QUEUE))], 1)
     wait_for(lambda: sample(running, "bertzoo_queue_depth", lane="main") == MAX_QUEUE)
     started = time.monotonic()
     with pytest.raises(grpc.RpcError) as error:
@@ -136,15 +147,17 @@ def test_a_cancelled_request_is_dropped_before_compute(controlled):
                     reason="cancelled")
     first = client.stub.Sentiment.future(request("occupies the model"), timeout=30)
     wait_for(lambda: backend.batch_rows)
+    [ahead] = send_one_by_one(running, client, ["cut ahead"], 1)
     cancelled = client.stub.Sentiment.future(request("never mind", "me neither"), timeout=30)
     wait_for(lambda: sample(running, "bertzoo_queue_sequences", lane="main") == 2)
     assert cancelled.cancel()
     # out of the queue before the model is free
     wait_for(lambda: sample(running, "bertzoo_queue_sequences", lane="main") == 0)
     first.result()
+    ahead.result()
     wait_for(lambda: sample(running, "bertzoo_request_failures_total", protocol="grpc", task="sentiment", code="CANCELLED",
                             reason="cancelled") == before + 1)
-    assert backend.batch_rows == [1]
+    assert backend.batch_rows == [1, 1]  # the first request and the one cut ahead; never the cancelled two
 
 
 def test_a_backend_failure_fails_only_its_batch_with_internal(controlled):
