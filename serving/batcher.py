@@ -383,7 +383,8 @@ class Batcher:
             else:
                 if outcome is not None:
                     self._deliver(*outcome)
-                self._expire(batch, self._running_loop().time())  # the items left out of the run for their deadline
+                if outcome is None or len(outcome[0]) < len(batch.items):  # some items were left out of the run
+                    self._expire(batch, self._running_loop().time())
         finally:
             self._in_flight -= 1
             self._dispatch_soon()
