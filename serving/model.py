@@ -157,28 +157,29 @@ def warm_up(served: ServedModel, backend: Backend | None = None, settings: Batch
     (``runs_tasks``: the torch engine's CUDA graphs) runs each task so too, at one row (a pair, for the pair tasks)
     per bucket: a lone request's first batch then finds its graph captured."""
     backend = backend if backend is not None else served.backend
-    tok = served.tokenizer
     shapes = [(1, bucket) for bucket in served.spec.length_buckets]
     if settings is not None:
         shapes += largest_batches(settings, served.spec.length_buckets[-1])
     for rows, width in shapes:
-        ids = np.full((rows, width), tok.unk_id, dtype=np.int64)
-        ids[:, 0], ids[:, -1] = tok.cls_id, tok.sep_id
-        mask = np.ones_like(ids)
-        states = backend.encode({"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})
+        batch = _warm_up_batch(served.tokenizer, rows, width)
+        states, mask = backend.encode(batch), batch["attention_mask"]
         for task in served.spec.tasks:
-            if task in ("paraphrase", "similarity"):
+            if task in PAIR_TASKS:
                 backend.head(task, {"states_a": states, "mask_a": mask, "states_b": states, "mask_b": mask})
             else:
                 backend.head(task, {"states": states, "mask": mask})
     if getattr(backend, "runs_tasks", False):
         for width in served.spec.length_buckets:
-            ids = np.full((2, width), tok.unk_id, dtype=np.int64)
-            ids[:, 0], ids[:, -1] = tok.cls_id, tok.sep_id
             for task in (*served.spec.tasks, EMBED):
-                rows = 2 if task in PAIR_TASKS else 1
-                backend.run_task(task, {"input_ids": ids[:rows], "attention_mask": np.ones_like(ids[:rows]),
-                                        "token_type_ids": np.zeros_like(ids[:rows])}, served.spec.pooling)
+                batch = _warm_up_batch(served.tokenizer, 2 if task in PAIR_TASKS else 1, width)
+                backend.run_task(task, batch, served.spec.pooling)
+
+
+def _warm_up_batch(tok: Tokenizer, rows: int, width: int) -> dict[str, np.ndarray]:
+    """``rows`` sequences of ``width`` tokens, every one attended: [CLS] [UNK] ... [SEP]."""
+    ids = np.full((rows, width), tok.unk_id, dtype=np.int64)
+    ids[:, 0], ids[:, -1] = tok.cls_id, tok.sep_id
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
 
 
 def largest_batches(settings: BatchSettings, longest: int) -> list[tuple[int, int]]:
