@@ -161,8 +161,9 @@ class SelfAttention(nn.Module):
         dropout_p = self.dropout_p if self.training else 0.0
         if self.function == "softmax" and not output_attentions and torch.onnx.is_in_onnx_export():
             # The exported graph: softmax over scores plus a bias. torch.onnx writes SDPA with a guard for rows whose
-            # every key is masked (IsNaN and Where over every probability), which cost ONNX Runtime 4-9% of an
-            # encoder batch; every row here attends to at least its own [CLS].
+            # every key is masked (IsNaN and Where over every probability), which cost ONNX Runtime 3-14% of an
+            # encoder batch (benchmarks/RESULTS.md, "Export parity and speed"); every row here attends to at least
+            # its own [CLS].
             bias = torch.zeros((), dtype=q.dtype).masked_fill(~key_mask, torch.finfo(q.dtype).min)
             scores = (q / math.sqrt(self.head_size)) @ k.transpose(-1, -2) + bias
             context = torch.softmax(scores, dim=-1) @ v
