@@ -6,16 +6,16 @@ against without, side by side: alternating rounds in one run, so the machine's d
 
 Per artifact and ONNX Runtime encoder variant (fp32, optimized, int8: those it has), the in-process rate
 (benchmarks/common/ceiling.py: the server's own batch computation, Sentiment, on every sentence of ``--data``, padded
-as the server pads, one engine on every core, batches of ``--batch``) with flushing on and off. Off is this module's
-doing: the backend's per-thread switch turns flushing off instead, and ONNX Runtime's pool threads are told to keep
-denormals. Also ONNX Runtime's Softmax alone over attention scores [32, 12, 40, 40] with 7 columns of each row masked
-(the additive mask's large negative score) or none: where the cost comes from.
+as the server pads, one engine on every core, batches of ``--batch``) with flushing on and off: the measuring
+threads (and the one that builds the engine, whose mode ONNX Runtime's pool threads follow) flush as a server's
+engine threads do, or not.
+Also ONNX Runtime's Softmax alone over attention scores [32, 12, 40, 40] with 7 columns of each row masked (the
+additive mask's large negative score) or none: where the cost comes from.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -29,28 +29,12 @@ from benchmarks.common.ceiling import in_process_rates
 from benchmarks.common.timing import machine
 from bertzoo.artifact import load_manifest
 from bertzoo.atomic import atomic_write_text
-from bertzoo.cpu import set_flush_denormals
+from bertzoo.cpu import flush_denormals, set_flush_denormals
 from bertzoo.serving.backends import ort as ort_backend
 from bertzoo.serving.load import load_items
 
 VARIANTS = ("fp32", "optimized", "int8")
 SETTING = "1 engine(s), batches of {rows}, padded as the server pads, spinning off"
-
-
-@contextlib.contextmanager
-def flushing(on: bool):
-    """The ONNX Runtime backend as served (``on``), or with every thread keeping denormals."""
-    if on:
-        yield
-        return
-    options, flush = ort_backend.session_options, ort_backend.flush_denormals
-
-    ort_backend.session_options = lambda *args, **kwargs: options(*args, **kwargs, flush_denormals=False)
-    ort_backend.flush_denormals = lambda: set_flush_denormals(False)
-    try:
-        yield
-    finally:
-        ort_backend.session_options, ort_backend.flush_denormals = options, flush
 
 
 def in_thread(function, *args):
@@ -78,10 +62,10 @@ def softmax_us(masked: bool, flush: bool, repeats: int = 300) -> float:
                               [helper.make_tensor_value_info("x", 1, shape)],
                               [helper.make_tensor_value_info("y", 1, shape)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    with flushing(flush):
-        session = ort.InferenceSession(model.SerializeToString(), ort_backend.session_options(),
-                                       providers=["CPUExecutionProvider"])
-        ort_backend.flush_denormals()
+    session = ort.InferenceSession(model.SerializeToString(), ort_backend.session_options(flush_denormals=flush),
+                                   providers=["CPUExecutionProvider"])
+    if flush:
+        flush_denormals()
     scores = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
     if masked:
         scores[..., -7:] = np.finfo(np.float32).min  # the exported graph's additive mask
@@ -96,9 +80,8 @@ def softmax_us(masked: bool, flush: bool, repeats: int = 300) -> float:
 
 def served_rate(artifact: str, variant: str, flush: bool, sentences: list[str], threads: int, rows: int) -> float:
     """Sentences/s of the server's batch computation (Sentiment) on ``variant``, flushing or not."""
-    with flushing(flush):
-        found = in_process_rates(artifact, "onnxruntime", {"variant": variant}, sentences, threads,
-                                 tasks=("sentiment",), batch_sizes=(rows,), only=SETTING.format(rows=rows))
+    found = in_process_rates(artifact, "onnxruntime", {"variant": variant}, sentences, threads, tasks=("sentiment",),
+                             batch_sizes=(rows,), only=SETTING.format(rows=rows), flush=flush)
     return next(iter(found.values()))["rate"]
 
 

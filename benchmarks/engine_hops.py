@@ -161,6 +161,8 @@ def main() -> None:
                         help="the engine's event loop alone, in this process (benchmarks/common/engine_loop.py)")
     parser.add_argument("--batch-ms", type=float, default=0.0,
                         help="with --loop-alone: each batch's model time, the GIL let go (a GPU's: ~0.5)")
+    parser.add_argument("--sentences-per-request", type=int, default=1,
+                        help="with --loop-alone: Sentiment requests of this many sentences (one work each)")
     parser.add_argument("--profile", default=None, metavar="DIR",
                         help="sample the engine process with py-spy during each row, its stacks into DIR")
     parser.add_argument("--json", default=None)
@@ -174,13 +176,14 @@ def main() -> None:
                "variant": args.variant, "threads": args.threads, "instances": args.instances,
                "window_requests": args.window, "data": args.data, "rows": []}
     print(json.dumps(results["machine"]), flush=True)
-    sentences = load_items("sentiment", args.data)[:max(args.window, 64)] if args.data else [SENTENCE]
+    sentences = (load_items("sentiment", args.data)[:max(args.window * args.sentences_per_request, 64)] if args.data
+                 else [SENTENCE])
     if args.loop_alone:
         from benchmarks.common.engine_loop import loop_alone
 
         results["batch_ms"] = args.batch_ms
         results["rows"] = loop_alone(model, sentences, args.per_hop, max(args.peers), args.window, args.seconds,
-                                     args.rounds, args.batch_ms / 1000)
+                                     args.rounds, args.batch_ms / 1000, args.sentences_per_request)
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=1))
         return

@@ -65,6 +65,11 @@ def mxcsr() -> int | None:
     return int.from_bytes(bytes(env[_MXCSR_OFFSET:_MXCSR_OFFSET + 4]), "little")
 
 
+def flushing_denormals() -> bool:
+    """Whether the calling thread flushes denormal floats to zero (FTZ and DAZ set)."""
+    return (mxcsr() or 0) & MXCSR_FTZ_DAZ == MXCSR_FTZ_DAZ
+
+
 def flush_denormals() -> bool:
     """Make the calling thread flush denormal floats to zero, as a GPU or OpenVINO does (x86-64 Linux; elsewhere
     nothing), as a hot path may call it: set once per thread, then a thread-local check. Whether the thread flushes.
@@ -74,7 +79,8 @@ def flush_denormals() -> bool:
     slower than over unmasked ones, ~10-16% of a MiniLM batch (benchmarks/RESULTS.md, "Serving on CPU"). ONNX
     Runtime's own ``session.set_denormal_as_zero`` covers only its pool threads, not the thread that calls ``run``
     and computes a share of every op. Values below 1.2e-38 become 0: no served output moves. Threads the calling
-    thread starts from now on inherit the mode."""
+    thread starts from now on inherit the mode, and code that needs denormals (hypothesis refuses to run) must not
+    share the thread: the server calls it on its engines' own threads (serving/workers.py)."""
     done = getattr(_flushing, "done", None)
     if done is None:
         done = set_flush_denormals(True)
@@ -90,6 +96,6 @@ def set_flush_denormals(on: bool) -> bool:
     value = int.from_bytes(bytes(env[_MXCSR_OFFSET:_MXCSR_OFFSET + 4]), "little")
     value = value | MXCSR_FTZ_DAZ if on else value & ~MXCSR_FTZ_DAZ
     env[_MXCSR_OFFSET:_MXCSR_OFFSET + 4] = list(value.to_bytes(4, "little"))
-    flushing = _LIBM.fesetenv(env) == 0 and (mxcsr() or 0) & MXCSR_FTZ_DAZ == MXCSR_FTZ_DAZ
+    flushing = _LIBM.fesetenv(env) == 0 and flushing_denormals()
     _flushing.done = flushing if on else None  # off: the next flush_denormals() turns it on again
     return flushing

@@ -12,6 +12,7 @@ done explicitly below.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections.abc import Sequence
@@ -317,6 +318,12 @@ class Tokenizer:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
 
 
+# From this many rows a batch is padded with whole-array operations: one concatenation and one masked assignment per
+# input instead of three slice assignments a row (44 rows of SST sentences: 52 -> 27 us from a hop's arrays, 79 -> 53
+# from token lists); below it the row loop is faster.
+VECTORIZED_PAD_ROWS = 8
+
+
 def pad_batch(
     encodings: Sequence[Encoding | QAWindow],
     pad_id: int,
@@ -327,16 +334,32 @@ def pad_batch(
         raise ValueError("pad_batch needs at least one encoding")
     if pad_to_multiple_of < 1:
         raise ValueError(f"pad_to_multiple_of must be >= 1, got {pad_to_multiple_of}")
-    longest = max(len(e.input_ids) for e in encodings)
-    width = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
-    input_ids = np.full((len(encodings), width), pad_id, dtype=np.int64)
-    token_type_ids = np.zeros((len(encodings), width), dtype=np.int64)
-    attention_mask = np.zeros((len(encodings), width), dtype=np.int64)
-    for row, enc in enumerate(encodings):
-        n = len(enc.input_ids)
-        if len(enc.token_type_ids) != n:
-            raise ValueError(f"encoding {row}: {n} input ids but {len(enc.token_type_ids)} token type ids")
+    lengths = [len(e.input_ids) for e in encodings]
+    type_lengths = [len(e.token_type_ids) for e in encodings]
+    if type_lengths != lengths:
+        row = next(k for k, (n, m) in enumerate(zip(lengths, type_lengths, strict=True)) if n != m)
+        raise ValueError(f"encoding {row}: {lengths[row]} input ids but {type_lengths[row]} token type ids")
+    width = -(-max(lengths) // pad_to_multiple_of) * pad_to_multiple_of
+    rows = len(encodings)
+    if rows >= VECTORIZED_PAD_ROWS:
+        mask = np.arange(width) < np.array(lengths)[:, None]
+        input_ids = np.full((rows, width), pad_id, dtype=np.int64)
+        input_ids[mask] = _joined([e.input_ids for e in encodings], sum(lengths))
+        token_type_ids = np.zeros((rows, width), dtype=np.int64)
+        token_type_ids[mask] = _joined([e.token_type_ids for e in encodings], sum(lengths))
+        return {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": mask.astype(np.int64)}
+    input_ids = np.full((rows, width), pad_id, dtype=np.int64)
+    token_type_ids = np.zeros((rows, width), dtype=np.int64)
+    attention_mask = np.zeros((rows, width), dtype=np.int64)
+    for row, (enc, n) in enumerate(zip(encodings, lengths, strict=True)):
         input_ids[row, :n] = enc.input_ids
         token_type_ids[row, :n] = enc.token_type_ids
         attention_mask[row, :n] = 1
     return {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
+
+
+def _joined(sequences: list, total: int) -> np.ndarray:
+    """Rows of token values end to end: arrays (a hop's views) concatenated, lists (the tokenizer's) read once."""
+    if isinstance(sequences[0], np.ndarray):
+        return np.concatenate(sequences)
+    return np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64, count=total)

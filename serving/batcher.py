@@ -1,15 +1,16 @@
 """The dynamic batcher: one queue in front of the encoder, shared by every RPC and task.
 
-A request becomes :class:`~bertzoo.serving.engine.Work` items (a sentence, a pair, a QA item's windows); each item
-is queued under the "bucket" of its longest sequence, and a batch is cut from one bucket at a time. The server's
-bucket is the width the item will be padded to: with ``pad_to="longest"`` its length rounded up to 8, so no row of
-a batch carries more than 7 padding tokens (padding is compute thrown away, and the export's coarse buckets
-16 / 32 / 64 would pad short sentences far more); with ``pad_to="bucket"`` the length bucket.
+A request becomes works (:class:`~bertzoo.serving.engine.Work`: a sentence, a pair, a QA item's windows), each
+under the "bucket" of its longest sequence; a request's works of one bucket are queued together, as one item, and a
+batch is cut from one bucket at a time. The server's bucket is the width a work will be padded to: with ``pad_to="longest"``
+its length rounded up to 8, so no row of a batch carries more than 7 padding tokens (padding is compute thrown away,
+and the export's coarse buckets 16 / 32 / 64 would pad short sentences far more); with ``pad_to="bucket"`` the
+length bucket.
 
 - **Which bucket**: the one holding the oldest waiting item, so no request starves behind a busier bucket.
 - **How much**: that bucket's items, oldest first, while the batch stays within ``max_batch_size`` sequences and
-  ``max_batch_tokens`` padded tokens (rows x bucket width). An item is never split, so a QA item with more windows
-  than a batch allows runs alone.
+  ``max_batch_tokens`` padded tokens (rows x bucket width); of an item that would overflow it, the works that fit.
+  A work is never split, so a QA item with more windows than a batch allows runs alone.
 - **When**: at once when an engine instance is idle (of several, the one that finished last: its weights are warm;
   ``max_queue_delay_ms`` > 0 lets an idle model wait that long for a fuller batch). While every instance runs a
   batch, the next one is cut and padded ahead from what waits, and the first instance to finish takes it on its own
@@ -66,6 +67,11 @@ class _Batch:
     bucket: int
     inputs: dict
     rows: int
+
+
+def _works_of(items: list[QueuedItem]) -> list[Work]:
+    """The works of ``items``, in order: what the batch runner gets, one output back for each."""
+    return [item.job.works[i] for item in items for i in item.indices]
 
 
 def _rows_of(batch: _Batch, items: list[QueuedItem]) -> dict:
@@ -305,7 +311,7 @@ class Batcher:
         return taken
 
     def _launch(self, items: list[QueuedItem], bucket: int) -> None:
-        works = [item.job.works[item.index] for item in items]
+        works = _works_of(items)
         width = bucket if self._settings.pad_to == "bucket" else None
         batch = _Batch(items, bucket, prepare_inputs(works, width, self._pad_id), sum(i.rows for i in items))
         self._in_flight += 1
@@ -356,9 +362,10 @@ class Batcher:
             return None
         inputs = batch.inputs if len(items) == len(batch.items) else _rows_of(batch, items)
         started = time.perf_counter()
-        outputs = run([item.job.works[item.index] for item in items], inputs)
-        if len(outputs) != len(items):
-            raise RuntimeError(f"the batch runner gave {len(outputs)} outputs for {len(items)} items")
+        works = _works_of(items)
+        outputs = run(works, inputs)
+        if len(outputs) != len(works):
+            raise RuntimeError(f"the batch runner gave {len(outputs)} outputs for {len(works)} works")
         ended = time.perf_counter()
         # Observed here, on the worker, not on the event loop every request passes through (the metrics are
         # thread-safe; in a multiprocess server each observation is a lock and a write to a shared file).
@@ -394,14 +401,20 @@ class Batcher:
         self._release(instance)
 
     def _deliver(self, items: list[QueuedItem], outputs: list, started: float, ended: float) -> None:
-        for item, output in zip(items, outputs, strict=True):
-            job = item.job
+        k = 0
+        for item in items:
+            job, indices = item.job, item.indices
+            first, k = k, k + len(indices)
             job.first_start = started if job.first_start is None else min(job.first_start, started)
             job.last_end = ended if job.last_end is None else max(job.last_end, ended)
-            if job.done:  # cancelled or failed while its batch ran: the output is dropped
+            if job.done:  # cancelled or failed while its batch ran: the outputs are dropped
                 continue
-            job.outputs[item.index] = output
-            job.remaining -= 1
+            if len(indices) == 1:
+                job.outputs[indices[0]] = outputs[first]
+            else:
+                for index, output in zip(indices, outputs[first:k], strict=True):
+                    job.outputs[index] = output
+            job.remaining -= len(indices)
             if job.remaining == 0:
                 self._settle(job)
 

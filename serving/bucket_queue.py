@@ -1,29 +1,47 @@
 """The batcher's waiting items: one first-in-first-out queue per bucket, and the counts the batcher decides by.
 
 Pure bookkeeping, no event loop and no threads: :class:`~bertzoo.serving.batcher.Batcher` calls it from its event
-loop only. An item is one :class:`~bertzoo.serving.engine.Work` of a job, queued under the bucket of its longest
-sequence; a batch is cut from one bucket, oldest items first (:meth:`BucketQueue.take`).
+loop only. An item is a job's works (:class:`~bertzoo.serving.engine.Work`) whose longest sequence falls in one
+bucket, queued together under that bucket: a request of 32 sentences is an item or a few, not 32, so what the queue does per
+item it does per request. A batch is cut from one bucket, oldest items first (:meth:`BucketQueue.take`), and where an
+item's works would overflow the batch it takes those that fit and leaves the rest queued (a work itself, the
+sequences that share one encoder pass, is never split).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from .job import Job
 
+FIRST_WORK, ONE_ROW = (0,), (1,)  # a one-work item's indices, and a one-row work's row counts
+
 
 class QueuedItem:
-    __slots__ = ("job", "index", "bucket", "order", "enqueued", "rows")
+    __slots__ = ("job", "indices", "row_counts", "bucket", "order", "enqueued", "rows")
 
-    def __init__(self, job: Job, index: int, bucket: int, order: int, enqueued: float, rows: int) -> None:
+    def __init__(self, job: Job, indices: Sequence[int], row_counts: Sequence[int], bucket: int, order: int,
+                 enqueued: float, rows: int) -> None:
         self.job = job
-        self.index = index  # position in job.works
+        self.indices = indices  # positions in job.works, in order
+        self.row_counts = row_counts  # each of those works' sequences
         self.bucket = bucket
         self.order = order  # arrival order: the oldest item picks the next batch's bucket
         self.enqueued = enqueued  # event-loop time, for the queue delay
-        self.rows = rows
+        self.rows = rows  # sum(row_counts)
+
+    def split(self, rows: int) -> QueuedItem:
+        """The first of this item's works that together have at most ``rows`` sequences (at least one work), taken
+        out of it as an item of their own; this item keeps the rest."""
+        counts, taken, k = self.row_counts, 0, 0
+        while k < len(counts) and (k == 0 or taken + counts[k] <= rows):
+            taken += counts[k]
+            k += 1
+        head = QueuedItem(self.job, self.indices[:k], counts[:k], self.bucket, self.order, self.enqueued, taken)
+        self.indices, self.row_counts, self.rows = self.indices[k:], counts[k:], self.rows - taken
+        return head
 
 
 class BucketQueue:
@@ -39,21 +57,39 @@ class BucketQueue:
         self.rows = 0
 
     def add(self, job: Job, now: float) -> None:
-        """Queue each of ``job``'s works as an item, at event-loop time ``now``."""
-        if not job.works:
-            raise ValueError("a request needs at least one item")
-        queues, bucket_rows = self._queues, self._bucket_rows
-        for index, work in enumerate(job.works):
-            bucket = self._bucket_for(work.longest)
+        """Queue ``job``'s works, one item per bucket they fall in, at event-loop time ``now``."""
+        works = job.works
+        if len(works) == 1:  # most requests a GPU server sees: no grouping to do
+            work = works[0]
             rows = len(work.rows)
-            queue = queues.get(bucket)
-            if queue is None:
-                queue = queues[bucket] = deque()
-            queue.append(QueuedItem(job, index, bucket, next(self._arrivals), now, rows))
-            bucket_rows[bucket] = bucket_rows.get(bucket, 0) + rows
-            self.rows += rows
-            job.buckets.add(bucket)
+            self._append(job, FIRST_WORK, ONE_ROW if rows == 1 else (rows,), self._bucket_for(work.longest), rows, now)
+            job.queued = 1
+        elif not works:
+            raise ValueError("a request needs at least one item")
+        else:
+            by_bucket: dict[int, tuple[list[int], list[int]]] = {}
+            bucket_for = self._bucket_for
+            for index, work in enumerate(works):
+                bucket = bucket_for(work.longest)
+                group = by_bucket.get(bucket)
+                if group is None:
+                    group = by_bucket[bucket] = ([], [])
+                group[0].append(index)
+                group[1].append(len(work.rows))
+            for bucket, (indices, row_counts) in by_bucket.items():
+                self._append(job, indices, row_counts, bucket, sum(row_counts), now)
+            job.queued = len(by_bucket)
         self.jobs += 1
+
+    def _append(self, job: Job, indices: Sequence[int], row_counts: Sequence[int], bucket: int, rows: int,
+                now: float) -> None:
+        queue = self._queues.get(bucket)
+        if queue is None:
+            queue = self._queues[bucket] = deque()
+        queue.append(QueuedItem(job, indices, row_counts, bucket, next(self._arrivals), now, rows))
+        self._bucket_rows[bucket] = self._bucket_rows.get(bucket, 0) + rows
+        self.rows += rows
+        job.buckets.add(bucket)
 
     def forget(self, job: Job) -> bool:
         """Take ``job``'s waiting items out; whether it had any."""
@@ -91,13 +127,14 @@ class BucketQueue:
 
     def take(self, bucket: int, now: float, max_rows: int, max_tokens: int) -> tuple[list[QueuedItem], list[Job]]:
         """A batch from ``bucket``: its items, oldest first, while the batch stays within ``max_rows`` sequences and
-        ``max_tokens`` padded tokens (an item is never split: a first item larger than that is taken alone). On the
-        way, a job nobody waits for any more leaves the queue, cancelled, and one past its deadline leaves it too and
-        is returned (the caller fails it): neither reaches the model."""
+        ``max_tokens`` padded tokens; of an item that would overflow it, the works that fit (a first work larger than
+        that is taken alone). On the way, a job nobody waits for any more leaves the queue, cancelled, and one past
+        its deadline leaves it too and is returned (the caller fails it): neither reaches the model."""
         queue = self._queues[bucket]
         taken: list[QueuedItem] = []
         expired: list[Job] = []
         rows = 0
+        limit = min(max_rows, max_tokens // bucket)  # sequences of this bucket a batch holds
         while queue:
             item = queue[0]
             job = item.job
@@ -109,10 +146,17 @@ class BucketQueue:
                 expired.append(job)
                 self.forget(job)
                 continue
-            if taken and (rows + item.rows > max_rows or (rows + item.rows) * bucket > max_tokens):
+            if rows + item.rows <= limit or (not taken and len(item.indices) == 1):
+                queue.popleft()
+                self._unqueue(item)
+                taken.append(item)
+                rows += item.rows
+                continue
+            if taken and rows + item.row_counts[0] > limit:
                 break
-            queue.popleft()
-            self._unqueue(item)
-            taken.append(item)
-            rows += item.rows
+            head = item.split(limit - rows)  # the works that fit; the rest wait for the next batch
+            self._bucket_rows[bucket] -= head.rows
+            self.rows -= head.rows
+            taken.append(head)
+            break
         return taken, expired

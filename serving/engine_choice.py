@@ -183,16 +183,19 @@ def sample_batches(model_dir: str | Path, manifest: dict) -> list[dict]:
 def measure(candidate: Candidate, model_dir: str | Path, manifest: dict, batches: list, seconds: float) -> float:
     """Sentences/s of ``candidate``'s instances running ``batches`` side by side for ``seconds``, each on a thread
     placed (cores, priority) as the server's main lane places it."""
-    backends = [create_backend(candidate.backend, model_dir, variant=candidate.variant, precision=candidate.precision,
-                               threads=candidate.threads, manifest=manifest) for _ in range(candidate.instances)]
     cores = instance_cores(candidate.instances, candidate.threads)
     done = [0] * candidate.instances
+    backends: list = [None] * candidate.instances
     start = threading.Barrier(candidate.instances + 1)
     errors: list[BaseException] = []
 
     def run(k: int) -> None:
         try:
             place_thread(MAIN_LANE_NICE, cores[k])
+            # Built here, as the server builds each engine on its worker: the threads it starts inherit the worker's
+            # placement and ONNX Runtime's pool flushes denormals as the worker does.
+            backends[k] = create_backend(candidate.backend, model_dir, variant=candidate.variant,
+                                         precision=candidate.precision, threads=candidate.threads, manifest=manifest)
             run_batch(backends[k], *batches[0], "mean")  # warm: first-run allocations
         except BaseException as e:  # noqa: BLE001 (handed to the caller)
             errors.append(e)

@@ -214,7 +214,7 @@ class EngineLink:
                 job.future.set_exception(outcome.failure.error())
             else:
                 job.first_start, job.last_end = outcome.first_start, outcome.last_end
-                job.future.set_result(outcome.outputs)
+                job.future.set_result(protocol.output_list(outcome.outputs))
 
     def _watch(self, frames: list[bytes]) -> None:
         """Notice the engine process going away: its end of the connection closes. Every event is read, also after

@@ -125,7 +125,8 @@ class EngineHost:
         self._jobs.pop(job.tag, None)
         error = job.error
         if error is None:
-            outcome = protocol.Outcome(job_id, job.outputs, job.first_start or 0.0, job.last_end or 0.0)
+            outcome = protocol.Outcome(job_id, protocol.packed_outputs(job.outputs), job.first_start or 0.0,
+                                       job.last_end or 0.0)
         else:
             if not isinstance(error, ServingError):
                 error = BackendFailure(f"the model failed on this request ({type(error).__name__})")

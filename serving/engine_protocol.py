@@ -112,10 +112,11 @@ class Failure(msgspec.Struct, array_like=True, frozen=True):
 
 
 class Outcome(msgspec.Struct, array_like=True, frozen=True):
-    """One job's answer: its outputs (one per work) and when its first batch started and last ended, or a failure."""
+    """One job's answer: its outputs (one per work: :func:`packed_outputs` on the way out, :func:`output_list` on the
+    way in) and when its first batch started and last ended, or a failure."""
 
     job_id: int
-    outputs: list[Any] | None = None
+    outputs: Any = None
     first_start: float = 0.0
     last_end: float = 0.0
     failure: Failure | None = None
@@ -128,12 +129,33 @@ class Results(msgspec.Struct, array_like=True, frozen=True):
 
 # A head's output vector (logits, an embedding, a QA window's start or end logits) as an extension: its float32 bytes.
 _FLOAT32_VECTOR = 1
+# A request's outputs when they are vectors of one length (a sentence task's logits or embeddings, one per sentence):
+# one [works, length] extension, the length as 4 bytes (little-endian) before the float32 bytes, instead of one
+# extension per work to encode and decode.
+_FLOAT32_ROWS = 2
+
+
+def packed_outputs(outputs: list) -> list | np.ndarray:
+    """A job's outputs as they cross: several vectors of one length as one [works, length] array, else as they are."""
+    if len(outputs) > 1:
+        first = outputs[0]
+        if isinstance(first, np.ndarray) and first.ndim == 1 and all(
+                isinstance(o, np.ndarray) and o.shape == first.shape for o in outputs):
+            return np.stack(outputs)
+    return outputs
+
+
+def output_list(outputs: list | np.ndarray) -> list:
+    """A crossed job's outputs, one per work (the rows of a packed array: views, no copy)."""
+    return list(outputs) if isinstance(outputs, np.ndarray) else outputs
 
 
 def _encode_extra(value: object) -> object:
     if isinstance(value, np.ndarray):
         if value.dtype != np.float32 or not value.flags.c_contiguous:  # (a head's row mostly is one already)
             value = np.ascontiguousarray(value, dtype=np.float32)
+        if value.ndim == 2:
+            return msgspec.msgpack.Ext(_FLOAT32_ROWS, value.shape[1].to_bytes(4, "little") + value.tobytes())
         return msgspec.msgpack.Ext(_FLOAT32_VECTOR, value.data.cast("B"))
     if isinstance(value, np.generic):
         return value.item()
@@ -141,9 +163,15 @@ def _encode_extra(value: object) -> object:
 
 
 def _decode_extra(code: int, data: memoryview) -> object:
-    if code != _FLOAT32_VECTOR:
-        raise msgspec.ValidationError(f"unknown extension {code} in an engine message")
-    return np.frombuffer(data, dtype=np.float32)
+    if code == _FLOAT32_VECTOR:
+        return np.frombuffer(data, dtype=np.float32)
+    if code == _FLOAT32_ROWS:
+        length = int.from_bytes(data[:4], "little")
+        values = np.frombuffer(data[4:], dtype=np.float32)
+        if length == 0 or len(values) % length:
+            raise msgspec.ValidationError(f"an engine message's rows of {length} values hold {len(values)} values")
+        return values.reshape(-1, length)
+    raise msgspec.ValidationError(f"unknown extension {code} in an engine message")
 
 
 _encoder = msgspec.msgpack.Encoder(enc_hook=_encode_extra)

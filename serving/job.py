@@ -37,7 +37,7 @@ class Job:
         self.done = False  # settled or cancelled: read by the worker threads too, to skip a batch nobody waits for
         self.cancelled = False
         self.remaining = len(works)  # items without an output yet
-        self.queued = len(works)  # items still in the queue
+        self.queued = 0  # its items still in the queue (BucketQueue.add counts them)
         self.buckets: set[int] = set()
         self.future: asyncio.Future | None = None
 

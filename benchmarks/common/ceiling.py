@@ -16,7 +16,8 @@ def timed(fn) -> float:
 
 def in_process_rates(artifact: str, engine: str, engine_args: dict, sentences: list[str], threads: int,
                      tasks: tuple[str, ...] = ("sentiment", "embed"),
-                     batch_sizes: tuple[int, ...] = (16, 64), only: str | None = None) -> dict[tuple[str, str], dict]:
+                     batch_sizes: tuple[int, ...] = (16, 64), only: str | None = None,
+                     flush: bool = True) -> dict[tuple[str, str], dict]:
     """The in-process ceiling's candidates: sentences per second of the server's own batch computation
     (``serving.engine.run_batch``: the encoder, then the task's head or the pooling) on every sentence in
     length-sorted batches, no transport and no queue, under each setting that could be the fastest on these cores.
@@ -26,10 +27,12 @@ def in_process_rates(artifact: str, engine: str, engine_args: dict, sentences: l
     their activations stay in cache); rows padded to the batch's longest, or as the server pads them (rounded up to a
     multiple of 8); for ONNX Runtime its thread spinning on and off. Each rate is the best of two passes: one pass is
     a few seconds, and the machine is shared. The ceiling is the best of them all. ``only``: measure just the setting of
-    that name (a key's second half), as chosen by an earlier call."""
+    that name (a key's second half), as chosen by an earlier call. ``flush``: the engines' threads flush denormals to
+    zero, as a server's do (serving/workers.py)."""
     from concurrent import futures
 
     from bertzoo.artifact import load_manifest
+    from bertzoo.cpu import flush_denormals
     from bertzoo.pipeline import length_sorted_batches
     from bertzoo.serving.backends import create_backend
     from bertzoo.serving.engine import Work, prepare_inputs, run_batch
@@ -57,7 +60,7 @@ def in_process_rates(artifact: str, engine: str, engine_args: dict, sentences: l
             run(backend, task, pad, list(range(min(64, len(sentences)))), rows)  # warm-up
         shares = [list(range(i, len(sentences), len(backends))) for i in range(len(backends))]
         n = len(backends)
-        with futures.ThreadPoolExecutor(n) as pool:
+        with futures.ThreadPoolExecutor(n, initializer=flush_denormals if flush else None) as pool:
             best = min(timed(lambda: list(pool.map(run, backends, [task] * n, [pad] * n, shares, [rows] * n)))
                        for _ in range(2))
         return len(sentences) / best
@@ -78,8 +81,11 @@ def in_process_rates(artifact: str, engine: str, engine_args: dict, sentences: l
             wanted = [(rows, padding, setting) for rows, padding, setting in named if only in (None, setting)]
             if not wanted:
                 continue
-            backends = [create_backend(engine, artifact, threads=max(1, threads // instances), manifest=manifest,
-                                       **engine_args, **extra) for _ in range(instances)]
+            with futures.ThreadPoolExecutor(1, initializer=flush_denormals if flush else None) as builder:
+                # built on a thread that flushes as the measuring ones do: ONNX Runtime's pool threads follow it
+                backends = [builder.submit(create_backend, engine, artifact, threads=max(1, threads // instances),
+                                           manifest=manifest, **engine_args, **extra).result()
+                            for _ in range(instances)]
             for task in tasks:
                 for rows, padding, setting in wanted:
                     found[(task, setting)] = {"rate": rate(backends, task, paddings[padding], rows),

@@ -92,10 +92,13 @@ class AnsweringSocket:
         os.close(self._write_end)
 
 
-def hop(tokenizer, sentences: list[str], first_id: int) -> list[bytes]:
-    encodings = tokenizer.encode_sentences(sentences, 128)
-    return protocol.jobs_message([(protocol.JobHeader(first_id + i, "main", 30.0, [("sentiment", 1)]),
-                                   [Work("sentiment", (e,))]) for i, e in enumerate(encodings)], [])
+def hop(tokenizer, sentences: list[str], first_id: int, per_request: int = 1) -> list[bytes]:
+    """A JOBS hop of Sentiment requests of ``per_request`` sentences each (one work a sentence, as a front end sends
+    them), job ids from ``first_id``."""
+    works = [Work("sentiment", (e,)) for e in tokenizer.encode_sentences(sentences, 128)]
+    requests = [works[k:k + per_request] for k in range(0, len(works), per_request)]
+    return protocol.jobs_message([(protocol.JobHeader(first_id + i, "main", 30.0, [("sentiment", 1)] * len(request)),
+                                   request) for i, request in enumerate(requests)], [])
 
 
 def playing_cost(messages: list[bytes], per_hop: int) -> float:
@@ -126,7 +129,7 @@ def device_share(model: ZeroModel) -> dict[str, float]:
 
 
 async def measure(config: ServeConfig, sentences: list[str], per_hops: list[int], peers: int, window: int,
-                  seconds: float, rounds: int, batch_seconds: float = 0.0) -> list[dict]:
+                  seconds: float, rounds: int, batch_seconds: float = 0.0, per_request: int = 1) -> list[dict]:
     models: list[ZeroModel] = []
 
     def loader(cfg: ServeConfig):
@@ -156,8 +159,9 @@ async def measure(config: ServeConfig, sentences: list[str], per_hops: list[int]
         for round_ in range(rounds):
             for per_hop in per_hops:
                 slots = max(1, window // per_hop)
-                ring = [[names[s % peers], *hop(lanes.tokenizer, [sentences[(s * per_hop + i) % len(sentences)]
-                                                                 for i in range(per_hop)], s * per_hop)]
+                size = per_hop * per_request  # sentences a hop
+                ring = [[names[s % peers], *hop(lanes.tokenizer, [sentences[(s * size + i) % len(sentences)]
+                                                                 for i in range(size)], s * per_hop, per_request)]
                         for s in range(slots)]
                 outstanding = dict.fromkeys(range(slots), per_hop)
                 ends = time.perf_counter() + seconds
@@ -189,14 +193,19 @@ async def measure(config: ServeConfig, sentences: list[str], per_hops: list[int]
                 answered = state["answered"]
                 driver = playing_cost(state["kept"], per_hop) * answered
                 row = {"round": round_ + 1, "per_hop": per_hop, "peers": peers, "requests": answered,
+                       "sentences_per_request": per_request,
                        "requests_per_s": round(answered / wall, 1),
+                       "sentences_per_s": round(answered * per_request / wall, 1),
                        "loop_cpu_us_per_request": round(1e6 * (cpu - driver) / answered, 2),
+                       "loop_cpu_us_per_sentence": round(1e6 * (cpu - driver) / (answered * per_request), 2),
                        "driver_cpu_us_per_request": round(1e6 * driver / answered, 2),
                        "mean_batch_rows": round(models[0].rows / max(1, models[0].batches), 1),
                        **device_share(models[0])}
                 rows.append(row)
+                sentences_note = ("" if per_request == 1 else f", {row['loop_cpu_us_per_sentence']:.2f} us a sentence "
+                                  f"of {per_request}, {row['sentences_per_s']:.0f} sentences/s")
                 print(f"round {row['round']} per hop {per_hop:3d}: loop {row['loop_cpu_us_per_request']:6.2f} us a "
-                      f"request ({row['requests_per_s']:.0f} requests/s; the played front ends "
+                      f"request{sentences_note} ({row['requests_per_s']:.0f} requests/s; the played front ends "
                       f"{row['driver_cpu_us_per_request']:.2f} us apart; {row['mean_batch_rows']} rows a batch; "
                       f"the model busy {row['model_busy_share']:.0%} of the time, {row['gap_us_per_batch']:.0f} us "
                       "between batches)",
@@ -210,13 +219,15 @@ async def measure(config: ServeConfig, sentences: list[str], per_hops: list[int]
 
 
 def loop_alone(artifact: str, sentences: list[str], per_hops: list[int], peers: int, window: int, seconds: float,
-               rounds: int, batch_seconds: float = 0.0) -> list[dict]:
-    """:func:`measure` on a server's event loop (uvloop where installed), the engine serving ``artifact``."""
+               rounds: int, batch_seconds: float = 0.0, per_request: int = 1) -> list[dict]:
+    """:func:`measure` on a server's event loop (uvloop where installed), the engine serving ``artifact``; requests
+    of ``per_request`` sentences."""
     config = ServeConfig(artifact, instances=1, threads=1, frontends=2, warmup=False)
     rows: list[dict] = []
 
     async def run() -> None:
-        rows.extend(await measure(config, sentences, per_hops, peers, window, seconds, rounds, batch_seconds))
+        rows.extend(await measure(config, sentences, per_hops, peers, window, seconds, rounds, batch_seconds,
+                                  per_request))
 
     run_on_best_loop(run)
     return rows

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from bertzoo.artifact import ONNX_IR_VERSION, ArtifactError, load_manifest
-from bertzoo.cpu import flush_denormals
+from bertzoo.cpu import flushing_denormals
 
 from .base import BackendUnavailable, encoder_feed, pool_embeddings, rows_mask
 
@@ -19,12 +19,14 @@ VARIANTS = ("fp32", "optimized", "int8")
 INSTALL_HINT = "pip install 'bertzoo[serve]', or 'bertzoo[serve-gpu]' for --device cuda"
 
 
-def session_options(threads: int | None = None, spinning: bool = False, flush_denormals: bool = True):
+def session_options(threads: int | None = None, spinning: bool = False, flush_denormals: bool | None = None):
     """ORT settings: all graph optimizations; ``threads`` intra-op threads (default: all cores) and one inter-op
     thread (our graphs are sequential). Spinning keeps worker threads hot between the ops of one batch: lower latency
     for a process that has the cores to itself (a benchmark), but a server shares them with gRPC and the tokenizer,
     whose work spinning threads hold up, so it is off unless asked for. ``flush_denormals``: the pool threads flush
-    denormal floats to zero (the thread that calls run() sets its own: bertzoo.cpu.flush_denormals)."""
+    denormal floats to zero (bertzoo.cpu.flush_denormals); default: as the calling thread does (a server's engine
+    threads do, serving/workers.py). ONNX Runtime also sets the mode of the thread that makes a session with it on,
+    so it is never on for a thread that did not ask."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -32,6 +34,8 @@ def session_options(threads: int | None = None, spinning: bool = False, flush_de
     options.intra_op_num_threads = threads or os.cpu_count() or 1
     options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    if flush_denormals is None:
+        flush_denormals = flushing_denormals()
     options.add_session_config_entry("session.set_denormal_as_zero", "1" if flush_denormals else "0")
     # No memory patterns: ORT keeps one planned block per input shape it has seen, and a server sees a new shape per
     # batch width, so resident memory only grew (same speed without, measured on the encoder).
@@ -209,7 +213,6 @@ class OnnxRuntimeBackend:
         return binding.get_outputs()[0]
 
     def encode(self, batch: dict[str, np.ndarray]) -> np.ndarray:
-        flush_denormals()  # this thread computes a share of every op: a masked softmax's denormals slow it down
         feed = encoder_feed(batch, self._encoder_inputs)
         rows, width = feed["attention_mask"].shape
         big = self._shrink is not None and rows * width * width > ARENA_KEEP_CELLS
@@ -220,7 +223,6 @@ class OnnxRuntimeBackend:
             raise ValueError(f"this model has no {task!r} head; it has {list(self._heads)}")
         session = self._heads[task]
         if not any(isinstance(v, self._ort.OrtValue) for v in inputs.values()):
-            flush_denormals()
             feed = {k: np.ascontiguousarray(v, dtype=np.float32 if k.startswith("states") else np.int64)
                     for k, v in inputs.items()}
             return tuple(session.run(None, feed))
