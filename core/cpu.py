@@ -75,8 +75,8 @@ def flush_denormals() -> bool:
     nothing), as a hot path may call it: set once per thread, then a thread-local check. Whether the thread flushes.
 
     Why: a masked attention row's softmax takes exp of scores far below the row's maximum, whose results are denormal,
-    and x86 arithmetic on denormals is many times slower: ONNX Runtime's Softmax over a batch of padded rows ran ~5x
-    slower than over unmasked ones, ~10-16% of a MiniLM batch (benchmarks/RESULTS.md, "Serving on CPU"). ONNX
+    and x86 arithmetic on denormals is many times slower: ONNX Runtime's Softmax over a batch of padded rows ran ~3.5x
+    slower than over unmasked ones, 1-8% of a served MiniLM batch (benchmarks/RESULTS.md, "Serving on CPU"). ONNX
     Runtime's own ``session.set_denormal_as_zero`` covers only its pool threads, not the thread that calls ``run``
     and computes a share of every op. Values below 1.2e-38 become 0: no served output moves. Threads the calling
     thread starts from now on inherit the mode, and code that needs denormals (hypothesis refuses to run) must not

@@ -58,7 +58,7 @@ from .workers import MAIN_LANE_NICE, instance_cores, place_thread
 log = logging.getLogger("bertzoo.serving")
 
 # Raised when the engines' relative speeds change with our code (the package's version does not move between commits):
-# ONNX Runtime's threads flushing denormals made it 4-13% faster, so choices measured before are measured again.
+# ONNX Runtime's threads flushing denormals made it 1-8% faster, so choices measured before are measured again.
 CACHE_FORMAT = 2
 SECONDS_PER_CANDIDATE = 1.5
 BATCH_SENTENCES = 32  # what a loaded server batches from 64 one-sentence clients on 2 instances
