@@ -25,7 +25,7 @@ instances of the engine): the main one, and one for long requests (costing more 
 e.g. a QA item whose context makes 40 windows), whose worker runs at the lowest CPU priority
 (:func:`model_worker`), so a one-sentence request never waits behind a long one's compute: the operating
 system hands the cores to the main lane whenever it has work and to the long lane the rest of the time. A long QA
-request's windows are separate items (``engine.split_windows``), run a few per batch, so a cancelled request or one
+request's windows are separate works (``engine.split_windows``), run a few per batch, so a cancelled request or one
 past its deadline stops between batches. Cancelled requests (``cancel``, which an RPC's cancelled
 future calls) leave the queue at once, and a request whose deadline has passed is dropped when its turn comes: neither
 reaches the model. A request finds the queue full (``max_queue`` requests waiting) -> :class:`QueueFull` at once.
