@@ -343,10 +343,11 @@ def pad_batch(
     rows = len(encodings)
     if rows >= VECTORIZED_PAD_ROWS:
         mask = np.arange(width) < np.array(lengths)[:, None]
+        total = sum(lengths)
         input_ids = np.full((rows, width), pad_id, dtype=np.int64)
-        input_ids[mask] = _joined([e.input_ids for e in encodings], sum(lengths))
+        input_ids[mask] = _joined([e.input_ids for e in encodings], total)
         token_type_ids = np.zeros((rows, width), dtype=np.int64)
-        token_type_ids[mask] = _joined([e.token_type_ids for e in encodings], sum(lengths))
+        token_type_ids[mask] = _joined([e.token_type_ids for e in encodings], total)
         return {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": mask.astype(np.int64)}
     input_ids = np.full((rows, width), pad_id, dtype=np.int64)
     token_type_ids = np.zeros((rows, width), dtype=np.int64)

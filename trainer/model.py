@@ -164,7 +164,7 @@ class SelfAttention(nn.Module):
             # every key is masked (IsNaN and Where over every probability), which cost ONNX Runtime 3-14% of an
             # encoder batch (benchmarks/RESULTS.md, "Export parity and speed"); every row here attends to at least
             # its own [CLS].
-            bias = torch.zeros((), dtype=q.dtype).masked_fill(~key_mask, torch.finfo(q.dtype).min)
+            bias = torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(~key_mask, torch.finfo(q.dtype).min)
             scores = (q / math.sqrt(self.head_size)) @ k.transpose(-1, -2) + bias
             context = torch.softmax(scores, dim=-1) @ v
             probs = None
