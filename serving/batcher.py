@@ -64,6 +64,7 @@ Computed = tuple[list[QueuedItem], list, float, float]
 @dataclass
 class _Batch:
     items: list[QueuedItem]
+    works: list[Work]  # the items' works, in order (_works_of)
     bucket: int
     inputs: dict
     rows: int
@@ -313,7 +314,7 @@ class Batcher:
     def _launch(self, items: list[QueuedItem], bucket: int) -> None:
         works = _works_of(items)
         width = bucket if self._settings.pad_to == "bucket" else None
-        batch = _Batch(items, bucket, prepare_inputs(works, width, self._pad_id), sum(i.rows for i in items))
+        batch = _Batch(items, works, bucket, prepare_inputs(works, width, self._pad_id), sum(i.rows for i in items))
         self._in_flight += 1
         if self._idle_instances:
             # The instance that finished last: at low load the same one runs every batch, its weights still warm in
@@ -360,9 +361,9 @@ class Batcher:
         items = [item for item in batch.items if not (item.job.abandoned() or item.job.expired(now))]
         if not items:
             return None
-        inputs = batch.inputs if len(items) == len(batch.items) else _rows_of(batch, items)
+        whole = len(items) == len(batch.items)
+        inputs, works = (batch.inputs, batch.works) if whole else (_rows_of(batch, items), _works_of(items))
         started = time.perf_counter()
-        works = _works_of(items)
         outputs = run(works, inputs)
         if len(outputs) != len(works):
             raise RuntimeError(f"the batch runner gave {len(outputs)} outputs for {len(works)} works")
