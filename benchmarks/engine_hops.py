@@ -9,7 +9,8 @@ one-sentence requests (1: front ends under light load each, the GPU case; more: 
 per request says what one request costs its loop; its rate is the ceiling a server could reach with free front ends.
 
     python -m benchmarks.engine_hops --probe DIR [--data DATA/ids-sst-dev.csv] [--per-hop 1 8] [--peers 1 12] \
-        [--seconds 10] [--rounds 3] [--model RUN --backend torch --device cuda --ceiling] [--profile DIR] [--json FILE]
+        [--pad-to longest|bucket] [--seconds 10] [--rounds 3] [--model RUN --backend torch --device cuda --ceiling] \
+        [--profile DIR] [--json FILE]
 
 With `--model`, the engine serves that model instead (e.g. the CUDA engine of `gpu_serving.sh`): its rate against
 the model's in-process ceiling says whether the engine process or the front ends hold a server back.
@@ -44,7 +45,7 @@ from benchmarks.common.profiling import finish_profile, profile_lines, start_pro
 from benchmarks.common.timing import machine
 from benchmarks.serve_frontends import build_probe
 from bertzoo.serving import engine_protocol as protocol
-from bertzoo.serving.config import ServeConfig
+from bertzoo.serving.config import BatchSettings, ServeConfig
 from bertzoo.serving.engine import Work
 from bertzoo.serving.load import load_items
 from bertzoo.tokenization import Tokenizer
@@ -114,7 +115,7 @@ def drive(sockets: list[zmq.Socket], tokenizer: Tokenizer, sentences: list[str],
                     break
                 if protocol.kind_of(frames[0]) is not protocol.Kind.RESULTS:
                     continue
-                for job_id in (outcome.job_id for outcome in protocol.read_results(frames[0]).outcomes):
+                for job_id in protocol.read_results(frames[0]).job_ids():
                     slot = job_id // per_hop
                     outstanding[slot] -= 1
                     answered += 1
@@ -149,6 +150,8 @@ def main() -> None:
     parser.add_argument("--variant", default="fp32")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--instances", type=int, default=1)
+    parser.add_argument("--pad-to", default="longest", choices=["longest", "bucket"],
+                        help="the batcher's padding (bertzoo serve's default: bucket on a GPU, longest on the CPU)")
     parser.add_argument("--per-hop", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--window", type=int, default=64, help="requests in flight")
     parser.add_argument("--peers", type=int, nargs="+", default=[1], help="front ends played (one socket each)")
@@ -171,9 +174,9 @@ def main() -> None:
         parser.error("give --probe DIR (the front-end probe's model) or --model PATH")
     model = args.model or str(build_probe(Path(args.probe)))
     config = ServeConfig(model, backend=args.backend, device=args.device, variant=args.variant, threads=args.threads,
-                         instances=args.instances, frontends=2)
+                         instances=args.instances, frontends=2, batch=BatchSettings(pad_to=args.pad_to))
     results = {"machine": machine(), "model": model, "backend": args.backend, "device": args.device,
-               "variant": args.variant, "threads": args.threads, "instances": args.instances,
+               "variant": args.variant, "threads": args.threads, "instances": args.instances, "pad_to": args.pad_to,
                "window_requests": args.window, "data": args.data, "rows": []}
     print(json.dumps(results["machine"]), flush=True)
     sentences = (load_items("sentiment", args.data)[:max(args.window * args.sentences_per_request, 64)] if args.data
@@ -183,7 +186,7 @@ def main() -> None:
 
         results["batch_ms"] = args.batch_ms
         results["rows"] = loop_alone(model, sentences, args.per_hop, max(args.peers), args.window, args.seconds,
-                                     args.rounds, args.batch_ms / 1000, args.sentences_per_request)
+                                     args.rounds, args.batch_ms / 1000, args.sentences_per_request, args.pad_to)
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=1))
         return

@@ -1,11 +1,12 @@
 """The dynamic batcher: one queue in front of the encoder, shared by every RPC and task.
 
 A request becomes works (:class:`~bertzoo.serving.engine.Work`: a sentence, a pair, a QA item's windows), each
-under the "bucket" of its longest sequence; a request's works of one bucket are queued together, as one item, and a
-batch is cut from one bucket at a time. The server's bucket is the width a work will be padded to: with ``pad_to="longest"``
-its length rounded up to 8, so no row of a batch carries more than 7 padding tokens (padding is compute thrown away,
-and the export's coarse buckets 16 / 32 / 64 would pad short sentences far more); with ``pad_to="bucket"`` the
-length bucket.
+under the "bucket" of its longest sequence; a job's works of one bucket are queued together, as one item, and a
+batch is cut from one bucket at a time. A job is a request (:class:`~bertzoo.serving.job.Job`), or in the engine
+process a hop's requests (:class:`~bertzoo.serving.hop_job.HopJob`), which end one by one. The server's bucket is
+the width a work will be padded to: with ``pad_to="longest"`` its length rounded up to 8, so no row of a batch
+carries more than 7 padding tokens (padding is compute thrown away, and the export's coarse buckets 16 / 32 / 64
+would pad short sentences far more); with ``pad_to="bucket"`` the length bucket.
 
 - **Which bucket**: the one holding the oldest waiting item, so no request starves behind a busier bucket.
 - **How much**: that bucket's items, oldest first, while the batch stays within ``max_batch_size`` sequences and
@@ -46,19 +47,21 @@ from dataclasses import dataclass
 from .bucket_queue import BucketQueue, QueuedItem
 from .config import BatchSettings
 from .engine import Work, prepare_inputs
-from .errors import BackendFailure, DeadlineExceeded, QueueFull, ServingError, Unavailable
+from .errors import BackendFailure, DeadlineExceeded, QueueFull, Unavailable
+from .hop_job import HopJob
 from .job import Job, awaitable_job
 from .metrics import Metrics
 from .workers import model_worker
 
 log = logging.getLogger("bertzoo.serving")
 
-# Runs one batch on the worker thread: (works, padded inputs) -> one output per work.
-BatchRunner = Callable[[Sequence[Work], dict], list]
+# Runs one batch on the worker thread: (works, padded inputs) -> one output per work (a list, or an array whose rows
+# are the works' outputs).
+BatchRunner = Callable[[Sequence[Work], dict], Sequence]
 # An engine instance: its batch runner and the one-thread worker (model_worker) it runs on.
 Instance = tuple[BatchRunner, ThreadPoolExecutor]
 # A batch run: the items it ran, their outputs, and when it started and ended (time.perf_counter()).
-Computed = tuple[list[QueuedItem], list, float, float]
+Computed = tuple[list[QueuedItem], Sequence, float, float]
 
 
 @dataclass
@@ -189,27 +192,18 @@ class Batcher:
         self.start_batches()
         return job
 
-    def add(self, job: Job) -> None:
-        """Queue ``job`` (the batcher calls its ``on_settled`` when it settles), without starting a batch yet."""
+    def add(self, job: Job | HopJob) -> None:
+        """Queue ``job`` (the batcher calls its ``on_settled`` when it settles), without starting a batch yet: a
+        request, or a hop's requests as one job (the engine process adds a hop so, then calls :meth:`start_batches`
+        once, so they share a batch)."""
         self.check_room()
         self._queue.add(job, self._running_loop().time())
         self._changed()
 
-    def add_all(self, jobs: Sequence[Job]) -> list[tuple[Job, ServingError]]:
-        """Queue each of ``jobs`` as :meth:`add` does, with one reading of the clock and one wake-up for them all (the
-        engine process adds a hop's requests so, then calls :meth:`start_batches` once, so they share a batch).
-        Returns the jobs refused (the queue full, or shutting down) with why; the others are queued."""
-        now = self._running_loop().time()
-        refused: list[tuple[Job, ServingError]] = []
-        for job in jobs:
-            try:
-                self.check_room()
-            except ServingError as e:
-                refused.append((job, e))
-                continue
-            self._queue.add(job, now)
-        self._changed()
-        return refused
+    @property
+    def room(self) -> int:
+        """Requests the queue takes before it is full."""
+        return max(0, self._settings.max_queue - self._queue.jobs)
 
     def start_batches(self) -> None:
         """An idle engine starts on what was added now, rather than at the end of the loop turn (which would cut the
@@ -222,6 +216,16 @@ class Batcher:
         if not job.done:
             job.done = job.cancelled = True
             self._forget(job)
+
+    def cancel_request(self, job: HopJob, position: int) -> None:
+        """Nobody waits for one request of a hop's job: it no longer counts as waiting, and its waiting works leave
+        the queue when the next batch is cut."""
+        if not job.done and job.cancel(position):
+            self._queue.dropped(job, 1)
+            if job.open == 0:
+                self.cancel(job)
+            else:
+                self._changed()
 
     def _settle(self, job: Job, error: BaseException | None = None) -> None:
         """``job`` ends: with its outputs, or with ``error`` (its waiting items leave the queue); its owner is told."""
@@ -401,23 +405,12 @@ class Batcher:
         self._finished(batch, outcome)
         self._release(instance)
 
-    def _deliver(self, items: list[QueuedItem], outputs: list, started: float, ended: float) -> None:
+    def _deliver(self, items: list[QueuedItem], outputs: Sequence, started: float, ended: float) -> None:
         k = 0
         for item in items:
-            job, indices = item.job, item.indices
-            first, k = k, k + len(indices)
-            job.first_start = started if job.first_start is None else min(job.first_start, started)
-            job.last_end = ended if job.last_end is None else max(job.last_end, ended)
-            if job.done:  # cancelled or failed while its batch ran: the outputs are dropped
-                continue
-            if len(indices) == 1:
-                job.outputs[indices[0]] = outputs[first]
-            else:
-                for index, output in zip(indices, outputs[first:k], strict=True):
-                    job.outputs[index] = output
-            job.remaining -= len(indices)
-            if job.remaining == 0:
-                self._settle(job)
+            first, k = k, k + len(item.indices)
+            if item.job.deliver(item.indices, outputs[first:k], started, ended):
+                self._settle(item.job)
 
     def _fail(self, batch: _Batch, error: Exception) -> None:
         for item in batch.items:

@@ -2,10 +2,13 @@
 
 Pure bookkeeping, no event loop and no threads: :class:`~bertzoo.serving.batcher.Batcher` calls it from its event
 loop only. An item is a job's works (:class:`~bertzoo.serving.engine.Work`) whose longest sequence falls in one
-bucket, queued together under that bucket: a request of 32 sentences is an item or a few, not 32, so what the queue does per
-item it does per request. A batch is cut from one bucket, oldest items first (:meth:`BucketQueue.take`), and where an
-item's works would overflow the batch it takes those that fit and leaves the rest queued (a work itself, the
-sequences that share one encoder pass, is never split).
+bucket, queued together under that bucket: a request of 32 sentences is an item or a few, not 32, and so is a hop's
+requests made one job (:class:`~bertzoo.serving.hop_job.HopJob`), so what the queue does per item it does per request
+or per hop. A batch is cut from one bucket, oldest items first (:meth:`BucketQueue.take`), and where an item's works
+would overflow the batch it takes those that fit and leaves the rest queued (a work itself, the sequences that share
+one encoder pass, is never split). ``jobs`` counts requests (what ``max_queue`` bounds): a hop's job counts its
+requests still waiting, and the works of one of them that ended (cancelled, expired) leave the queue when the next
+batch is cut from their bucket.
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ class BucketQueue:
             for bucket, (indices, row_counts) in by_bucket.items():
                 self._append(job, indices, row_counts, bucket, sum(row_counts), now)
             job.queued = len(by_bucket)
-        self.jobs += 1
+        self.jobs += job.weight
 
     def _append(self, job: Job, indices: Sequence[int], row_counts: Sequence[int], bucket: int, rows: int,
                 now: float) -> None:
@@ -110,7 +113,30 @@ class BucketQueue:
         self.rows -= item.rows
         item.job.queued -= 1
         if item.job.queued == 0:
-            self.jobs -= 1
+            self.jobs -= item.job.weight
+
+    def dropped(self, job: Job, requests: int) -> None:
+        """``requests`` of a hop's job ended (cancelled, expired) with its works maybe still queued: they no longer
+        count as waiting (its works leave the queue when a batch is cut: :meth:`take` asks the job which count)."""
+        if job.queued:
+            job.weight -= requests
+            self.jobs -= requests
+
+    def _prune(self, item: QueuedItem, now: float) -> bool:
+        """Drop the works of a hop's requests that ended from ``item``; whether any of it is left."""
+        job = item.job
+        keep, expired = job.prune(item.indices, now)  # fails the requests whose deadline passed, as a job does
+        if expired:
+            self.dropped(job, expired)
+        if keep is None:
+            return True
+        indices = [i for i, kept in zip(item.indices, keep, strict=True) if kept]
+        counts = [c for c, kept in zip(item.row_counts, keep, strict=True) if kept]
+        rows = sum(counts)
+        self._bucket_rows[item.bucket] -= item.rows - rows
+        self.rows -= item.rows - rows
+        item.indices, item.row_counts, item.rows = indices, counts, rows
+        return bool(indices)
 
     def waiting_jobs(self) -> list[Job]:
         """Every job with an item waiting, each once, oldest first."""
@@ -145,6 +171,10 @@ class BucketQueue:
             if job.expired(now):
                 expired.append(job)
                 self.forget(job)
+                continue
+            if job.parts and not self._prune(item, now):  # every request of it in this item ended
+                queue.popleft()
+                self._unqueue(item)
                 continue
             if rows + item.rows <= limit or (not taken and len(item.indices) == 1):
                 queue.popleft()

@@ -117,9 +117,11 @@ def encoded_states(backend: Backend, inputs: dict[str, np.ndarray]):
     return HostStates(backend.encode(inputs), inputs["attention_mask"])
 
 
-def run_batch(backend: Backend, works: Sequence[Work], inputs: dict[str, np.ndarray], pooling: str) -> list[object]:
+def run_batch(backend: Backend, works: Sequence[Work], inputs: dict[str, np.ndarray], pooling: str) -> Sequence:
     """One output per work, in order. sentiment: logits [labels]; paraphrase / similarity: the head's scalar;
-    qa: (start logits, end logits), one array per window trimmed to its length; embed: a unit vector [h].
+    qa: (start logits, end logits), one array per window trimmed to its length; embed: a unit vector [h]. A batch
+    of sentiment or embed works alone gives its head's [works, n] array itself (its rows the works' outputs): a hop's
+    answers then leave as slices of it, not as rows stacked again.
 
     A batch of one task on a backend that runs the encoder and that task's head as one unit (``runs_tasks``, then
     ``run_task``: the torch engine's CUDA graphs) takes that path; every other batch runs the encoder once, then each
@@ -135,7 +137,7 @@ def run_batch(backend: Backend, works: Sequence[Work], inputs: dict[str, np.ndar
     by_task: dict[str, list[int]] = defaultdict(list)
     for i, work in enumerate(works):
         by_task[work.task].append(i)
-    results: list[object] = [None] * len(works)
+    results: list | None = None if len(by_task) == 1 else [None] * len(works)
     for task, members in by_task.items():
         rows = [first_row[i] for i in members]
         if task == EMBED:
@@ -151,17 +153,20 @@ def run_batch(backend: Backend, works: Sequence[Work], inputs: dict[str, np.ndar
             outputs = backend.head("qa", {"states": states, "mask": mask})
         else:  # a sentence head (sentiment)
             outputs = backend.head(task, dict(zip(("states", "mask"), encoded.select(rows), strict=True)))
+        if results is None:  # every work of this one task
+            return task_results(task, works, outputs)
         for i, result in zip(members, task_results(task, [works[i] for i in members], outputs), strict=True):
             results[i] = result
+    assert results is not None
     return results
 
 
-def task_results(task: str, works: Sequence[Work], outputs: Sequence) -> list[object]:
+def task_results(task: str, works: Sequence[Work], outputs: Sequence) -> Sequence:
     """One result per work of ``task`` from its head's ``outputs`` over their rows, in order: the embeddings [works,
-    h]; a pair head's scores [works]; QA's start and end logits [windows, length], cut per work and window; a sentence
-    head's logits [works, labels]."""
+    h] (the array); a pair head's scores [works]; QA's start and end logits [windows, length], cut per work and
+    window; a sentence head's logits [works, labels] (the array)."""
     if task == EMBED:
-        return list(outputs[0])
+        return np.asarray(outputs[0])
     if task in PAIR_TASKS:
         return [float(x) for x in np.asarray(outputs[0]).reshape(-1)]
     if task == "qa":
@@ -173,7 +178,7 @@ def task_results(task: str, works: Sequence[Work], outputs: Sequence) -> list[ob
                             [end[k + j, :n] for j, n in enumerate(lengths)]))
             k += len(lengths)
         return results
-    return list(outputs[0])
+    return np.asarray(outputs[0])
 
 
 class EngineRunner:
@@ -182,5 +187,5 @@ class EngineRunner:
     def __init__(self, backend: Backend, pooling: str) -> None:
         self.backend, self.pooling = backend, pooling
 
-    def __call__(self, works: Sequence[Work], inputs: dict[str, np.ndarray]) -> list[object]:
+    def __call__(self, works: Sequence[Work], inputs: dict[str, np.ndarray]) -> Sequence:
         return run_batch(self.backend, works, inputs, self.pooling)

@@ -4,9 +4,10 @@ ends' hops over one ZeroMQ ROUTER socket.
 
 A front end's hello is answered once the model is loaded and warmed up (with the model's facts and tokenizer, so
 front ends load nothing themselves). A hop's requests are added to their lanes together, then their batches start, so
-they share one; each becomes a :class:`~bertzoo.serving.job.Job` whose settling appends its outcome to the hop going
-back to its front end at the end of that event-loop turn (no future or callback per request). Only the parent stops
-this process, by closing its control pipe after every front end has finished its calls: SIGINT and SIGTERM (a
+they share one: a hop's several requests for a lane as one :class:`~bertzoo.serving.hop_job.HopJob`, whose batches
+answer the requests they finish in one block each, a hop's one request as a :class:`~bertzoo.serving.job.Job`. Every
+answer joins the hop going back to its front end at the end of that event-loop turn (no future or callback per
+request). Only the parent stops this process, by closing its control pipe after every front end has finished its calls: SIGINT and SIGTERM (a
 terminal's Ctrl-C, or an init system signalling the whole group) are ignored here, so the front ends' accepted calls
 never lose their engine.
 """
@@ -14,11 +15,13 @@ never lose their engine.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import gc
 import logging
 import signal
 import sys
 from collections import defaultdict
+from collections.abc import Sequence
 from multiprocessing.connection import Connection
 
 import zmq
@@ -30,14 +33,17 @@ from .batcher import Batcher
 from .child_process import child_process_setup
 from .config import ServeConfig
 from .engine_protocol import HopSocket
-from .errors import BackendFailure, ServingError
+from .errors import BackendFailure, QueueFull, ServingError
 from .event_loop import run_on_best_loop
+from .hop_job import HopJob
 from .job import Job
 from .lanes import Lanes, open_local_lanes
 from .metrics import Metrics
 from .model import load_served_model
 
 log = logging.getLogger("bertzoo.serving")
+
+_NO_DEADLINE = float("inf")
 
 
 class EngineHost:
@@ -54,8 +60,10 @@ class EngineHost:
         self._long: Batcher | None = None
         self._ready_message: list[bytes] | None = None
         self._waiting_hellos: list[bytes] = []
-        self._jobs: dict[tuple[bytes, int], tuple[Job, Batcher]] = {}  # by (front end, its job id)
-        self._outbox: dict[bytes, list[protocol.Outcome]] = defaultdict(list)
+        self._jobs: dict[tuple[bytes, int], tuple[Job, Batcher]] = {}  # one-request hops, by (front end, job id)
+        self._hops: dict[bytes, set[HopJob]] = defaultdict(set)  # by front end: the hops not answered in full
+        self._outbox: dict[bytes, list[protocol.Outcome]] = defaultdict(list)  # failures
+        self._replies: dict[bytes, protocol.Replies] = {}  # answers gathered in this event-loop turn
         self._flush_scheduled = False
         # Kept from start(): on Python 3.11 each asyncio.get_running_loop() is a getpid system call, and with one
         # request a hop (a GPU server's many front ends) these would run once per request.
@@ -99,28 +107,50 @@ class EngineHost:
         assert self._main is not None and self._long is not None and self._loop is not None
         requests, cancelled = protocol.read_jobs(frames)
         dropped = set(cancelled)
-        now = self._loop.time()
-        by_lane: dict[Batcher, list[Job]] = {}
-        for request, works in requests:
-            if request.job_id in dropped:  # cancelled before the hop left: never queued, so never run
-                continue
-            key = (peer, request.job_id)
-            job = Job(works, None if request.timeout is None else now + request.timeout, self._settled, key)
-            lane = self._long if request.lane == "long" else self._main
-            by_lane.setdefault(lane, []).append(job)
-            self._jobs[key] = (job, lane)
-        for lane, jobs in by_lane.items():
-            for job, error in lane.add_all(jobs):  # refused: a full queue, or shutting down
-                del self._jobs[job.tag]
-                self._answer(peer, protocol.Outcome(job.tag[1], failure=protocol.Failure.of(error)))
+        by_lane: dict[Batcher, list] = {}
+        for request in requests:
+            if request[0].job_id not in dropped:  # cancelled before the hop left: never queued, so never run
+                by_lane.setdefault(self._long if request[0].lane == "long" else self._main, []).append(request)
+        for lane, lane_requests in by_lane.items():
+            self._queue(peer, lane, lane_requests)
         for job_id in cancelled:
-            if (entry := self._jobs.pop((peer, job_id), None)) is not None:
-                entry[1].cancel(entry[0])  # its waiting items leave the queue
+            self._cancel(peer, job_id)
         for lane in by_lane:
             lane.start_batches()
         self._schedule_flush()  # the queues' depths may have crossed the limit: every front end is told
 
+    def _queue(self, peer: bytes, lane: Batcher, requests: list) -> None:
+        """A hop's requests for ``lane`` as one job, as many as the queue has room for; the rest refused. A hop of one
+        request (a GPU server's many front ends under light load) is a plain Job: nothing to share, and a HopJob's
+        bookkeeping would cost it more than it saves."""
+        assert self._loop is not None
+        try:
+            lane.check_room()
+        except ServingError as e:  # shutting down, or full
+            self._refuse(peer, requests, e)
+            return
+        now = self._loop.time()
+        if len(requests) == 1:
+            header, works = requests[0]
+            key = (peer, header.job_id)
+            job = Job(works, None if header.timeout is None else now + header.timeout, self._settled, key)
+            lane.add(job)
+            self._jobs[key] = (job, lane)
+            return
+        room = lane.room
+        if len(requests) > room:
+            self._refuse(peer, requests[room:],
+                         QueueFull(f"the server's queue is full ({self._max_queue} requests waiting); retry later"))
+            requests = requests[:room]
+        works = [work for _, request_works in requests for work in request_works]
+        counts = None if len(works) == len(requests) else [len(request_works) for _, request_works in requests]
+        deadlines = [_NO_DEADLINE if header.timeout is None else now + header.timeout for header, _ in requests]
+        job = HopJob([header.job_id for header, _ in requests], works, counts, deadlines, self, (peer, lane))
+        lane.add(job)
+        self._hops[peer].add(job)
+
     def _settled(self, job: Job) -> None:
+        """A one-request hop's job ended: its answer joins the next hop back."""
         peer, job_id = job.tag
         self._jobs.pop(job.tag, None)
         error = job.error
@@ -132,6 +162,56 @@ class EngineHost:
                 error = BackendFailure(f"the model failed on this request ({type(error).__name__})")
             outcome = protocol.Outcome(job_id, failure=protocol.Failure.of(error))
         self._answer(peer, outcome)
+
+    def _refuse(self, peer: bytes, requests: list, error: ServingError) -> None:
+        failure = protocol.Failure.of(error)
+        for header, _ in requests:
+            self._answer(peer, protocol.Outcome(header.job_id, failure=failure))
+
+    def _cancel(self, peer: bytes, job_id: int) -> None:
+        """A request its front end no longer waits for (a hop's job is searched for: cancellations are rare)."""
+        if (entry := self._jobs.pop((peer, job_id), None)) is not None:
+            entry[1].cancel(entry[0])  # its waiting items leave the queue
+            return
+        for job in self._hops.get(peer, ()):
+            position = bisect.bisect_left(job.job_ids, job_id)
+            if position < len(job.job_ids) and job.job_ids[position] == job_id:
+                job.tag[1].cancel_request(job, position)  # its waiting works leave the queue unrun
+                if job.done:
+                    self._hops[peer].discard(job)
+                return
+
+    # ------------------------------------------------------------------ HopOwner: the batcher's word on a hop
+
+    def answered(self, job: HopJob, positions: Sequence[int], outputs: Sequence, started: float,
+                 ended: float) -> None:
+        self._replies_to(job.tag[0]).add_one_each(job.job_ids, positions, outputs, started, ended)
+
+    def answered_whole(self, job: HopJob, positions: Sequence[int], outputs: list[list],
+                       first_start: Sequence[float], last_end: Sequence[float]) -> None:
+        ids = job.job_ids
+        self._replies_to(job.tag[0]).add([ids[p] for p in positions], outputs, first_start, last_end)
+
+    def _replies_to(self, peer: bytes) -> protocol.Replies:
+        replies = self._replies.get(peer)
+        if replies is None:
+            replies = self._replies[peer] = protocol.Replies()
+            self._schedule_flush()
+        return replies
+
+    def failed(self, job: HopJob, positions: Sequence[int], error: Exception) -> None:
+        peer = job.tag[0]
+        failure = protocol.Failure.of(error if isinstance(error, ServingError) else
+                                      BackendFailure(f"the model failed on this request ({type(error).__name__})"))
+        for position in positions:
+            self._answer(peer, protocol.Outcome(job.job_ids[position], failure=failure))
+        if job.open == 0:
+            self._hops[peer].discard(job)
+
+    def settled(self, job: HopJob) -> None:
+        if job.error is not None:
+            self.failed(job, job.live_positions().tolist(), job.error)
+        self._hops[job.tag[0]].discard(job)
 
     def _answer(self, peer: bytes, outcome: protocol.Outcome) -> None:
         self._outbox[peer].append(outcome)
@@ -152,12 +232,16 @@ class EngineHost:
         waiting = {"main": self._lanes.main.waiting, "long": self._lanes.long.waiting}
         full = (waiting["main"] >= self._max_queue, waiting["long"] >= self._max_queue)
         outbox, self._outbox = self._outbox, defaultdict(list)
+        answers = {peer: replies.blocks() for peer, replies in self._replies.items()}
+        self._replies = {}
         for peer, told in self._told_full.items():
-            if peer in outbox or told != full:
-                self._socket.send([peer, *protocol.results_message(outbox.pop(peer, []), waiting)], then_drain=False)
+            if peer in outbox or peer in answers or told != full:
+                self._socket.send([peer, *protocol.results_message(outbox.pop(peer, []), waiting,
+                                                                   answers.pop(peer, []))], then_drain=False)
                 self._told_full[peer] = full
-        for peer, outcomes in outbox.items():  # a front end that never said hello (none such, but never lose answers)
-            self._socket.send([peer, *protocol.results_message(outcomes, waiting)], then_drain=False)
+        for peer in outbox.keys() | answers.keys():  # a front end that never said hello (none such; lose nothing)
+            self._socket.send([peer, *protocol.results_message(outbox.pop(peer, []), waiting,
+                                                               answers.pop(peer, []))], then_drain=False)
         self._socket.drain()  # after the sends, which can take the socket's readable edge (HopSocket)
 
 

@@ -21,6 +21,12 @@ Settled = Callable[["Job"], None]
 
 
 class Job:
+    """One request's works. The batcher and its queue also take a :class:`~bertzoo.serving.hop_job.HopJob` (a hop's
+    requests as one job) through the same attributes and methods; ``weight`` and ``parts`` say which is which."""
+
+    weight = 1  # requests it counts for in the queue (what ``max_queue`` bounds)
+    parts = False  # whether its requests end one by one (a HopJob: the queue asks it which works still count)
+
     __slots__ = ("works", "deadline", "on_settled", "submitted", "first_start", "last_end", "outputs", "error",
                  "done", "cancelled", "remaining", "queued", "buckets", "future", "tag")
 
@@ -48,6 +54,21 @@ class Job:
         """Nobody waits for it: it ended, or its future was cancelled (a local RPC that ended), whose done-callback
         telling the batcher may not have run yet."""
         return self.done or (self.future is not None and self.future.done())
+
+    def deliver(self, indices: Sequence[int], outputs: Sequence, started: float, ended: float) -> bool:
+        """The outputs of the works at ``indices``, from a batch that ran from ``started`` to ``ended``
+        (perf_counter); whether the job now has every output (the batcher settles it then)."""
+        self.first_start = started if self.first_start is None else min(self.first_start, started)
+        self.last_end = ended if self.last_end is None else max(self.last_end, ended)
+        if self.done:  # cancelled or failed while its batch ran: the outputs are dropped
+            return False
+        if len(indices) == 1:
+            self.outputs[indices[0]] = outputs[0]
+        else:
+            for index, output in zip(indices, outputs, strict=True):
+                self.outputs[index] = output
+        self.remaining -= len(indices)
+        return self.remaining == 0
 
 
 def _settle_future(job: Job) -> None:

@@ -94,8 +94,9 @@ def test_a_call_cancelled_in_the_turn_of_its_submit_never_reaches_the_engine(tin
 
     async def main() -> list[tuple[int, float]]:
         _, [front], lanes, metrics, stop = await _engine_with_links(config, tmp_path, 1)
-        submitted, add_all = [], lanes.main.add_all
-        lanes.main.add_all = lambda jobs: submitted.extend(jobs) or add_all(jobs)
+        submitted, add = [], lanes.main.add
+        # Every request the engine queues: a hop's several as one job (their ids), a hop's one alone.
+        lanes.main.add = lambda job: submitted.extend(getattr(job, "job_ids", [job.tag])) or add(job)
 
         def seen() -> tuple[int, float]:
             return len(submitted), metrics.registry.get_sample_value("bertzoo_batch_size_count", {"lane": "main"}) or 0.0
@@ -115,6 +116,39 @@ def test_a_call_cancelled_in_the_turn_of_its_submit_never_reaches_the_engine(tin
         return counts
 
     assert asyncio.run(main()) == [(0, 0), (0, 0), (1, 1), (2, 1)]
+
+
+def test_a_hops_requests_end_one_by_one_in_the_engine(tiny_artifact, tmp_path):
+    """The real engine host and lanes behind a link: four requests leave in one hop and become one job in the engine.
+    The queue has room for three, so the fourth is refused QUEUE_FULL; of the three, one is cancelled after it left
+    and one's deadline passes while the batch waits for the queue delay: neither reaches the model, and the batch
+    that runs holds the one left, which is answered with its logits."""
+    from bertzoo.serving.config import BatchSettings
+    from bertzoo.serving.errors import DeadlineExceeded, QueueFull
+    from conftest import serve_config
+
+    _, artifact = tiny_artifact
+    config = serve_config(artifact, batch=BatchSettings(max_queue=3, max_queue_delay_ms=1000), warmup=False)
+    work = [Work("sentiment", (Encoding([101, 7, 102], [0, 0, 0]),))]
+
+    async def main() -> tuple:
+        _, [front], lanes, metrics, stop = await _engine_with_links(config, tmp_path, 1)
+        jobs = [front.main.submit(work, timeout) for timeout in (5.0, 0.5, 5.0, 5.0)]
+        await asyncio.sleep(0.3)  # the hop left and is queued
+        waiting = lanes.main.waiting
+        jobs[2].future.cancel()
+        await asyncio.sleep(0.1)
+        waiting_after_cancel = lanes.main.waiting
+        ended = await asyncio.gather(*(job.future for job in (jobs[0], jobs[1], jobs[3])), return_exceptions=True)
+        rows = metrics.registry.get_sample_value("bertzoo_batch_size_sum", {"lane": "main"})
+        await stop()
+        return waiting, waiting_after_cancel, ended, rows
+
+    waiting, waiting_after_cancel, (answered, expired, refused), rows = asyncio.run(main())
+    assert (waiting, waiting_after_cancel) == (3, 2)
+    assert len(answered) == 1 and answered[0].shape == (5,)
+    assert isinstance(expired, DeadlineExceeded) and isinstance(refused, QueueFull)
+    assert rows == 1.0
 
 
 def test_every_front_end_is_told_when_the_queue_turns_full_and_refuses_at_its_door(tiny_artifact, tmp_path):
@@ -203,6 +237,20 @@ def test_what_crosses_comes_back_as_it_left():
     with pytest.raises(msgspec.ValidationError, match="rows of 4 values"):  # rows the values do not fill
         protocol.read_results(protocol.Kind.RESULTS.prefix + msgspec.msgpack.encode(
             [[[5, msgspec.msgpack.Ext(2, (4).to_bytes(4, "little") + bytes(4 * 6)), 0.0, 0.0, None]], {}]))
+
+    # A hop's requests answered together: those of one work each from two batches as one [requests, length] array;
+    # those of several works each with their own outputs and times.
+    replies = protocol.Replies()
+    logits = np.arange(10, dtype=np.float32).reshape(5, 2)
+    replies.add_one_each([10, 11, 12], [0, 2], logits[:2], 1.0, 2.0)
+    replies.add_one_each([10, 11, 12], [1], logits[4:], 3.0, 4.0)
+    replies.add([20], [vectors], [0.5], [5.0])
+    [frame] = protocol.results_message([], {}, replies.blocks())
+    ended = [outcome for block in protocol.read_results(frame).answered for outcome in block.outcomes()]
+    assert [(job_id, [o.tolist() for o in outputs], start, end) for job_id, outputs, start, end in ended] == [
+        (20, [v.tolist() for v in vectors], 0.5, 5.0),
+        (10, [[0.0, 1.0]], 1.0, 2.0), (12, [[2.0, 3.0]], 1.0, 2.0), (11, [[8.0, 9.0]], 3.0, 4.0)]
+    assert protocol.read_results(frame).job_ids() == [20, 10, 12, 11]
 
     assert protocol.kind_of(b"") is None and protocol.kind_of(bytes([99])) is None
     with pytest.raises(msgspec.ValidationError):  # a header of the wrong shape is refused, not half read

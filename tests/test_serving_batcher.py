@@ -13,7 +13,6 @@ from bertzoo.serving.batcher import Batcher
 from bertzoo.serving.config import BatchSettings
 from bertzoo.serving.engine import Work
 from bertzoo.serving.errors import BackendFailure, DeadlineExceeded, QueueFull, Unavailable
-from bertzoo.serving.job import Job
 from bertzoo.serving.metrics import Metrics
 from bertzoo.tokenization import Encoding
 
@@ -274,26 +273,6 @@ def test_a_full_queue_refuses_at_once_and_a_closed_batcher_refuses_everything():
         await batcher.close()
         with pytest.raises(Unavailable):
             batcher.submit([sentence(4)])
-
-    run(scenario, runner, max_queue=2)
-
-
-def test_a_hop_added_together_shares_one_batch_and_refuses_only_what_finds_the_queue_full():
-    """add_all, as the engine process adds a hop's requests: the ones with room are queued and run in one batch,
-    each settled with its own output; the ones past max_queue come back refused, never queued."""
-    runner = Runner()
-
-    async def scenario(batcher: Batcher):
-        settled: list[Job] = []
-        jobs = [Job([sentence(4, marker=m)], None, settled.append) for m in (1, 2, 3)]
-        refused = batcher.add_all(jobs)
-        assert [(job, type(error)) for job, error in refused] == [(jobs[2], QueueFull)]
-        assert batcher.waiting == 2
-        batcher.start_batches()
-        await until(lambda: len(settled) == 2)
-        assert runner.batches == [([1, 2], (2, 8))]
-        assert [(job.outputs, job.error) for job in settled] == [([10], None), ([20], None)]
-        assert not jobs[2].done and jobs[2].outputs == [None]
 
     run(scenario, runner, max_queue=2)
 

@@ -23,7 +23,7 @@ import numpy as np
 import zmq
 
 from bertzoo.serving import engine_protocol as protocol
-from bertzoo.serving.config import ServeConfig
+from bertzoo.serving.config import BatchSettings, ServeConfig
 from bertzoo.serving.engine import Work
 from bertzoo.serving.engine_process import EngineHost
 from bertzoo.serving.event_loop import run_on_best_loop
@@ -104,14 +104,14 @@ def hop(tokenizer, sentences: list[str], first_id: int, per_request: int = 1) ->
 def playing_cost(messages: list[bytes], per_hop: int) -> float:
     """CPU seconds per answer of what the played front ends do with the answers (decode, count by slot), timed on
     ``messages`` (answers the row received) alone, best of 5."""
-    answers = sum(len(protocol.read_results(m).outcomes) for m in messages)
+    answers = sum(len(protocol.read_results(m).job_ids()) for m in messages)
     best = float("inf")
     for _ in range(5):
         counts: dict[int, int] = {}
         started = time.thread_time()
         for message in messages:
-            for outcome in protocol.read_results(message).outcomes:
-                slot = outcome.job_id // per_hop
+            for job_id in protocol.read_results(message).job_ids():
+                slot = job_id // per_hop
                 counts[slot] = counts.get(slot, per_hop) - 1
         best = min(best, time.thread_time() - started)
     return best / max(1, answers)
@@ -145,7 +145,7 @@ async def measure(config: ServeConfig, sentences: list[str], per_hops: list[int]
         if state["on_results"] is not None and protocol.kind_of(frames[1]) is protocol.Kind.RESULTS:
             if len(state["kept"]) < 5000:
                 state["kept"].append(frames[1])
-            state["on_results"](protocol.read_results(frames[1]).outcomes)
+            state["on_results"](protocol.read_results(frames[1]).job_ids())
 
     socket = AnsweringSocket(on_message)
     host = EngineHost(socket, config.batch.max_queue)
@@ -168,10 +168,10 @@ async def measure(config: ServeConfig, sentences: list[str], per_hops: list[int]
                 done = asyncio.Event()
                 in_flight = [slots]
 
-                def on_results(outcomes, ring=ring, outstanding=outstanding, per_hop=per_hop,
+                def on_results(job_ids, ring=ring, outstanding=outstanding, per_hop=per_hop,
                                ends=ends, done=done, in_flight=in_flight) -> None:
-                    for outcome in outcomes:
-                        slot = outcome.job_id // per_hop
+                    for job_id in job_ids:
+                        slot = job_id // per_hop
                         outstanding[slot] -= 1
                         state["answered"] += 1
                         if outstanding[slot] == 0:
@@ -219,10 +219,11 @@ async def measure(config: ServeConfig, sentences: list[str], per_hops: list[int]
 
 
 def loop_alone(artifact: str, sentences: list[str], per_hops: list[int], peers: int, window: int, seconds: float,
-               rounds: int, batch_seconds: float = 0.0, per_request: int = 1) -> list[dict]:
+               rounds: int, batch_seconds: float = 0.0, per_request: int = 1, pad_to: str = "longest") -> list[dict]:
     """:func:`measure` on a server's event loop (uvloop where installed), the engine serving ``artifact``; requests
-    of ``per_request`` sentences."""
-    config = ServeConfig(artifact, instances=1, threads=1, frontends=2, warmup=False)
+    of ``per_request`` sentences; ``pad_to``: the batcher's padding."""
+    config = ServeConfig(artifact, instances=1, threads=1, frontends=2, warmup=False,
+                         batch=BatchSettings(pad_to=pad_to))
     rows: list[dict] = []
 
     async def run() -> None:

@@ -100,8 +100,8 @@ goals() {  # DEVICE RUN DATA OUT SECONDS LIMIT
     --gpu-device "$device" --data "$data" --frontends 8 12 --gpu-concurrency 256 --gpu-engines 1 2 \
     --gpu-per-request 32 --seconds "$seconds" --json "$out/goals.json"
   timeout 75 python3 -m benchmarks.engine_hops --model "$run" --backend torch --device "$device" --data "$data" \
-    --per-hop 1 8 --peers 12 --window 256 --seconds "$seconds" --profile "$out/engine_profile" \
-    --json "$out/goals_engine.json"
+    --pad-to "$([ "$device" = cuda ] && echo bucket || echo longest)" --per-hop 1 8 --peers 12 --window 256 \
+    --seconds "$seconds" --profile "$out/engine_profile" --json "$out/goals_engine.json"
 }
 if [ "${1:-}" = goals ] && [ "${DRY:-0}" = 1 ]; then  # here, on the CPU: every step once, shortened
   mkdir -p /tmp/goals-dry
@@ -153,7 +153,7 @@ again)  # (.gpu/serve/pkg, .gpu/serve/p1) after a change to the request path: pa
 engine)
   install
   (cd $S/bench && timeout "${2:-200}" python3 -m benchmarks.engine_hops --model $S/run --backend torch --device cuda --ceiling \
-    --data $S/data/ids-sst-dev.csv --per-hop 1 8 --peers 1 12 --window 256 --seconds 8 --json "$OUT/engine_hops.json"
+    --pad-to bucket --data $S/data/ids-sst-dev.csv --per-hop 1 8 --peers 1 12 --window 256 --seconds 8 --json "$OUT/engine_hops.json"
    timeout 90 python3 -m benchmarks.engine_hops --probe $S/probe --data $S/data/ids-sst-dev.csv --per-hop 1 --peers 1 12 \
     --seconds 8 --json "$OUT/engine_hops_probe.json")
   ;;
