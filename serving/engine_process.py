@@ -7,9 +7,9 @@ front ends load nothing themselves). A hop's requests are added to their lanes t
 they share one: a hop's several requests for a lane as one :class:`~bertzoo.serving.hop_job.HopJob`, whose batches
 answer the requests they finish in one block each, a hop's one request as a :class:`~bertzoo.serving.job.Job`. Every
 answer joins the hop going back to its front end at the end of that event-loop turn (no future or callback per
-request). Only the parent stops this process, by closing its control pipe after every front end has finished its calls: SIGINT and SIGTERM (a
-terminal's Ctrl-C, or an init system signalling the whole group) are ignored here, so the front ends' accepted calls
-never lose their engine.
+request). Only the parent stops this process, by closing its control pipe after every front end has finished its
+calls: SIGINT and SIGTERM (a terminal's Ctrl-C, or an init system signalling the whole group) are ignored here, so
+the front ends' accepted calls never lose their engine.
 """
 
 from __future__ import annotations
