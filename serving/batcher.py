@@ -409,7 +409,7 @@ class Batcher:
         k = 0
         for item in items:
             first, k = k, k + len(item.indices)
-            if item.job.deliver(item.indices, outputs[first:k], started, ended):
+            if item.job.deliver(item.indices, outputs, first, started, ended):
                 self._settle(item.job)
 
     def _fail(self, batch: _Batch, error: Exception) -> None:

@@ -96,11 +96,12 @@ class HopJob:
     def live_positions(self) -> np.ndarray:
         return np.flatnonzero(self.live)
 
-    def deliver(self, indices: Sequence[int], outputs: Sequence, started: float, ended: float) -> bool:
-        """A batch's outputs for the works at ``indices``: every request it finished is answered now. Whether no
-        request is left to wait for."""
+    def deliver(self, indices: Sequence[int], outputs: Sequence, first: int, started: float, ended: float) -> bool:
+        """A batch's outputs for the works at ``indices`` (``outputs[first:first + len(indices)]``): every request it
+        finished is answered now. Whether no request is left to wait for."""
         if self.done:
             return False
+        outputs = outputs[first:first + len(indices)]
         if self.request_of is None:  # one work a request: a work's position is its request's
             positions = indices
             if self.dirty:  # some ended while this batch ran: their outputs are dropped
