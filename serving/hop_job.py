@@ -116,18 +116,18 @@ class HopJob:
         else:
             for index, output in zip(indices, outputs, strict=True):
                 self.outputs[index] = output
-            requests = self.request_of[np.asarray(indices)]
-            np.subtract.at(self.remaining, requests, 1)
-            np.minimum.at(self.first_start, requests, started)
-            np.maximum.at(self.last_end, requests, ended)
-            requests = np.unique(requests)
-            finished = requests[(self.remaining[requests] == 0) & self.live[requests]]
+            counts = np.bincount(self.request_of[list(indices)], minlength=len(self.job_ids))
+            touched = np.flatnonzero(counts)
+            self.remaining -= counts
+            self.first_start[touched] = np.minimum(self.first_start[touched], started)
+            self.last_end[touched] = np.maximum(self.last_end[touched], ended)
+            finished = touched[(self.remaining[touched] == 0) & self.live[touched]]
             if finished.size:
                 done = finished.tolist()
                 self._end(done)
                 first = self.first_work
                 self.owner.answered_whole(self, done, [self.outputs[first[r]:first[r + 1]] for r in done],
-                                    self.first_start[finished].tolist(), self.last_end[finished].tolist())
+                                          self.first_start[finished].tolist(), self.last_end[finished].tolist())
         return self.open == 0
 
     # ------------------------------------------------------------------ requests ending one by one
