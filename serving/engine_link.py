@@ -216,11 +216,11 @@ class EngineLink:
                 job.first_start, job.last_end = outcome.first_start, outcome.last_end
                 job.future.set_result(protocol.output_list(outcome.outputs))
         for answered in results.answered:
-            for job_id, outputs, first_start, last_end in answered.outcomes():
+            for job_id, output in zip(answered.job_ids, answered.outputs, strict=True):
                 job = self._pending.pop(job_id, None)
                 if job is not None and not job.future.done():
-                    job.first_start, job.last_end = first_start, last_end
-                    job.future.set_result(outputs)
+                    job.first_start, job.last_end = answered.started, answered.ended
+                    job.future.set_result([output])
 
     def _watch(self, frames: list[bytes]) -> None:
         """Notice the engine process going away: its end of the connection closes. Every event is read, also after

@@ -63,7 +63,7 @@ class EngineHost:
         self._jobs: dict[tuple[bytes, int], tuple[Job, Batcher]] = {}  # one-request hops, by (front end, job id)
         self._hops: dict[bytes, set[HopJob]] = defaultdict(set)  # by front end: the hops not answered in full
         self._outbox: dict[bytes, list[protocol.Outcome]] = defaultdict(list)  # failures
-        self._replies: dict[bytes, protocol.Replies] = {}  # answers gathered in this event-loop turn
+        self._answered: dict[bytes, list[protocol.Answered]] = defaultdict(list)  # a hop's job's answers
         self._flush_scheduled = False
         # Kept from start(): on Python 3.11 each asyncio.get_running_loop() is a getpid system call, and with one
         # request a hop (a GPU server's many front ends) these would run once per request.
@@ -120,9 +120,10 @@ class EngineHost:
         self._schedule_flush()  # the queues' depths may have crossed the limit: every front end is told
 
     def _queue(self, peer: bytes, lane: Batcher, requests: list) -> None:
-        """A hop's requests for ``lane`` as one job, as many as the queue has room for; the rest refused. A hop of one
-        request (a GPU server's many front ends under light load) is a plain Job: nothing to share, and a HopJob's
-        bookkeeping would cost it more than it saves."""
+        """A hop's requests for ``lane``, as many as its queue has room for (the rest refused): those of one work each
+        (a sentence: most of a GPU server's) as one HopJob, any other as a Job of its own (its works are already one
+        item per bucket), and a hop's only request as a Job too (a HopJob's bookkeeping would cost it more than it
+        saves)."""
         assert self._loop is not None
         try:
             lane.check_room()
@@ -131,26 +132,36 @@ class EngineHost:
             return
         now = self._loop.time()
         if len(requests) == 1:
-            header, works = requests[0]
-            key = (peer, header.job_id)
-            job = Job(works, None if header.timeout is None else now + header.timeout, self._settled, key)
-            lane.add(job)
-            self._jobs[key] = (job, lane)
+            self._queue_alone(peer, lane, requests[0], now)
             return
         room = lane.room
         if len(requests) > room:
             self._refuse(peer, requests[room:],
                          QueueFull(f"the server's queue is full ({self._max_queue} requests waiting); retry later"))
             requests = requests[:room]
-        works = [work for _, request_works in requests for work in request_works]
-        counts = None if len(works) == len(requests) else [len(request_works) for _, request_works in requests]
-        deadlines = [_NO_DEADLINE if header.timeout is None else now + header.timeout for header, _ in requests]
-        job = HopJob([header.job_id for header, _ in requests], works, counts, deadlines, self, (peer, lane))
+        singles = [request for request in requests if len(request[1]) == 1]
+        if len(singles) < 2:
+            singles = []
+        if len(singles) < len(requests):
+            for request in requests:
+                if not singles or len(request[1]) != 1:
+                    self._queue_alone(peer, lane, request, now)
+        if singles:
+            deadlines = [_NO_DEADLINE if header.timeout is None else now + header.timeout for header, _ in singles]
+            job = HopJob([header.job_id for header, _ in singles], [works[0] for _, works in singles], deadlines,
+                         self, (peer, lane))
+            lane.add(job)
+            self._hops[peer].add(job)
+
+    def _queue_alone(self, peer: bytes, lane: Batcher, request: tuple, now: float) -> None:
+        header, works = request
+        key = (peer, header.job_id)
+        job = Job(works, None if header.timeout is None else now + header.timeout, self._settled, key)
         lane.add(job)
-        self._hops[peer].add(job)
+        self._jobs[key] = (job, lane)
 
     def _settled(self, job: Job) -> None:
-        """A one-request hop's job ended: its answer joins the next hop back."""
+        """A request's own job ended: its answer joins the next hop back."""
         peer, job_id = job.tag
         self._jobs.pop(job.tag, None)
         error = job.error
@@ -185,19 +196,10 @@ class EngineHost:
 
     def answered(self, job: HopJob, positions: Sequence[int], outputs: Sequence, started: float,
                  ended: float) -> None:
-        self._replies_to(job.tag[0]).add_one_each(job.job_ids, positions, outputs, started, ended)
-
-    def answered_whole(self, job: HopJob, positions: Sequence[int], outputs: list[list],
-                       first_start: Sequence[float], last_end: Sequence[float]) -> None:
         ids = job.job_ids
-        self._replies_to(job.tag[0]).add([ids[p] for p in positions], outputs, first_start, last_end)
-
-    def _replies_to(self, peer: bytes) -> protocol.Replies:
-        replies = self._replies.get(peer)
-        if replies is None:
-            replies = self._replies[peer] = protocol.Replies()
-            self._schedule_flush()
-        return replies
+        self._answered[job.tag[0]].append(protocol.Answered(
+            [ids[p] for p in positions], protocol.answered_outputs(outputs), started, ended))
+        self._schedule_flush()
 
     def failed(self, job: HopJob, positions: Sequence[int], error: Exception) -> None:
         peer = job.tag[0]
@@ -232,8 +234,7 @@ class EngineHost:
         waiting = {"main": self._lanes.main.waiting, "long": self._lanes.long.waiting}
         full = (waiting["main"] >= self._max_queue, waiting["long"] >= self._max_queue)
         outbox, self._outbox = self._outbox, defaultdict(list)
-        answers = {peer: replies.blocks() for peer, replies in self._replies.items()}
-        self._replies = {}
+        answers, self._answered = self._answered, defaultdict(list)
         for peer, told in self._told_full.items():
             if peer in outbox or peer in answers or told != full:
                 self._socket.send([peer, *protocol.results_message(outbox.pop(peer, []), waiting,

@@ -11,9 +11,9 @@ process's own cost per hop.
 - ``JOBS`` (front end): :class:`JobsHeader` (each request's job id, lane, deadline and works; the ids of cancelled
   jobs; every row's length); a second frame holds every row's token ids, then every row's token types, one flat
   int32 array (one read of the frame on the engine, which a hop of one request pays in full).
-- ``RESULTS`` (engine): :class:`Results`, the requests batches finished (:class:`Answered`: those of several-request
-  hops, together; :class:`Outcome`: a one-request hop's answer, one each), those that failed (:class:`Outcome`) and
-  the lanes' queue depths.
+- ``RESULTS`` (engine): :class:`Results`, the requests batches finished (:class:`Answered`: a hop's one-work
+  requests that one batch ran, together; :class:`Outcome`: any other request's answer, one each), those that failed
+  (:class:`Outcome`) and the lanes' queue depths.
 
 Records are msgspec Structs encoded as MessagePack arrays: typed on both ends (a decode checks every field's type),
 no class names on the wire, and several times cheaper to encode and decode than pickle for these small records.
@@ -125,85 +125,30 @@ class Outcome(msgspec.Struct, array_like=True, frozen=True):
 
 
 class Answered(msgspec.Struct, array_like=True, frozen=True):
-    """Requests of one hop that one batch finished, answered together: their job ids, their outputs and when each
-    one's batches started and ended. ``one_each``: every request had one work, and ``outputs`` holds that work's
-    output per request (:func:`packed_outputs`: a [requests, length] array where they are vectors of one length);
-    else ``outputs`` holds each request's outputs as :class:`Outcome` does."""
+    """Requests of one hop, of one work each, that one batch answered: their job ids, each one's output (see
+    :func:`answered_outputs`) and when the batch started and ended."""
 
     job_ids: list[int]
     outputs: Any
-    first_start: list[float]
-    last_end: list[float]
-    one_each: bool
-
-    def outcomes(self) -> list[tuple[int, list, float, float]]:
-        """(job id, its outputs one per work, first start, last end) of each request."""
-        if self.one_each:
-            return [(job_id, [output], start, end) for job_id, output, start, end in
-                    zip(self.job_ids, self.outputs, self.first_start, self.last_end, strict=True)]
-        return [(job_id, output_list(outputs), start, end) for job_id, outputs, start, end in
-                zip(self.job_ids, self.outputs, self.first_start, self.last_end, strict=True)]
+    started: float
+    ended: float
 
 
-class Replies:
-    """The answers for one front end gathered in one event-loop turn, sent as one :class:`Answered` of the requests
-    of one work each (one [requests, length] array for all of them) and one of the others."""
-
-    __slots__ = ("ids", "outputs", "first_start", "last_end", "multi")
-
-    def __init__(self) -> None:
-        self.ids: list[int] = []
-        self.outputs: list[Sequence] = []  # chunks: one per batch
-        self.first_start: list[float] = []
-        self.last_end: list[float] = []
-        self.multi: Answered | None = None
-
-    def add_one_each(self, job_ids: list[int], positions: Sequence[int], outputs: Sequence, started: float,
-                     ended: float) -> None:
-        """Requests ``job_ids[p]`` for p in ``positions``, of one work each, answered by one batch: ``outputs`` that
-        work's output per request (a list, or an array's rows)."""
-        count = len(positions)
-        self.ids += [job_ids[p] for p in positions] if count > 1 else [job_ids[positions[0]]]
-        self.outputs.append(outputs)
-        self.first_start += [started] * count
-        self.last_end += [ended] * count
-
-    def add(self, ids: list[int], outputs: list[list], first_start: Sequence[float],
-            last_end: Sequence[float]) -> None:
-        """Requests of several works: ``outputs`` each request's outputs."""
-        if self.multi is None:
-            self.multi = Answered([], [], [], [], False)
-        self.multi.job_ids.extend(ids)
-        self.multi.outputs.extend(packed_outputs(o) for o in outputs)
-        self.multi.first_start.extend(first_start)
-        self.multi.last_end.extend(last_end)
-
-    def blocks(self) -> list[Answered]:
-        blocks = [] if self.multi is None else [self.multi]
-        if self.ids:
-            blocks.append(Answered(self.ids, _joined_outputs(self.outputs), self.first_start, self.last_end, True))
-        return blocks
-
-
-def _joined_outputs(chunks: list[Sequence]) -> Sequence:
-    """Batches' outputs end to end: one [requests, length] array where every chunk is such an array (the usual case:
-    run_batch's array for a batch of sentiment or embed works), else one list of them all."""
-    first = chunks[0]
-    if len(chunks) == 1:
-        return first if isinstance(first, np.ndarray) and first.ndim == 2 else packed_outputs(list(first))
-    if isinstance(first, np.ndarray) and first.ndim == 2 and all(
-            isinstance(c, np.ndarray) and c.ndim == 2 and c.shape[1] == first.shape[1] for c in chunks):
-        return first if len(chunks) == 1 else np.concatenate(chunks)
-    return packed_outputs([output for chunk in chunks for output in chunk])
+def answered_outputs(outputs: Sequence) -> Sequence:
+    """A batch's outputs for the requests it answers, as they cross: a [requests, length] array as it is (a slice
+    of the batch's own, for sentiment and embed), else as :func:`packed_outputs` packs a list."""
+    if isinstance(outputs, np.ndarray) and outputs.ndim == 2:
+        return outputs
+    return packed_outputs(list(outputs))
 
 
 class Results(msgspec.Struct, array_like=True, frozen=True):
-    outcomes: list[Outcome]  # a request each: the answer of a hop's only request, or a failure
+    outcomes: list[Outcome]  # a request each: the answer of one not in a hop's job, or a failure
     waiting: dict[str, int]  # requests waiting per lane: a front end refuses at its door while a queue is full
     answered: list[Answered] = []
 
     def job_ids(self) -> list[int]:
-        """Every request these results end, failed or answered."""
+        """Every request these results end, answered or failed."""
         return [outcome.job_id for outcome in self.outcomes] + [i for block in self.answered for i in block.job_ids]
 
 

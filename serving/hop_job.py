@@ -1,12 +1,14 @@
-"""A hop's requests for one lane as one job: what the engine process queues, so that the batcher's cost is paid per
-hop and per batch, not per request.
+"""A hop's one-work requests for one lane (one sentence each: what a GPU server sees most) as one job: what the engine
+process queues, so that the batcher's cost is paid per hop and per batch, not per request.
 
 The batcher and its queue see one job (one item per bucket its works fall in, one delivery per batch) whatever the
-number of requests in it; the requests still end one by one. Each is answered as soon as the batch that ran its
-last work is back (:meth:`HopJob.deliver` hands the owner every request it finished, together), fails alone when its
-own deadline passes, and can be cancelled alone (:meth:`HopJob.cancel`). A request that ended that way drops its
-works from the queue when the next batch is cut (:meth:`HopJob.prune`, asked by the queue), so they never reach the
-model. Its per-request state is arrays, read with one vectorized check per batch, not a Python object per request.
+number of requests in it; the requests still end one by one. Request k is work k, so a batch answers every request
+it ran, together (:meth:`HopJob.deliver` hands the owner their positions and the batch's outputs for them, maybe a
+slice of one array). A request fails alone when its own deadline passes, and can be cancelled alone
+(:meth:`HopJob.cancel`); its work then leaves the queue when the next batch is cut (:meth:`HopJob.prune`, asked by
+the queue), so it never reaches the model. The per-request state is a byte per request and the deadlines, read with
+one vectorized check where a deadline may have passed. A request of several works (a pair's, a request of many
+sentences) stays a :class:`~bertzoo.serving.job.Job` of its own: its works already are one item per bucket.
 """
 
 from __future__ import annotations
@@ -23,13 +25,8 @@ from .errors import DeadlineExceeded
 class HopOwner(Protocol):
     def answered(self, job: HopJob, positions: Sequence[int], outputs: Sequence, started: float,
                  ended: float) -> None:
-        """Requests at ``positions``, of one work each, are answered by a batch that ran from ``started`` to
-        ``ended``: ``outputs`` holds each one's output (a list, or an array whose rows they are)."""
-
-    def answered_whole(self, job: HopJob, positions: Sequence[int], outputs: list[list],
-                       first_start: Sequence[float], last_end: Sequence[float]) -> None:
-        """Requests at ``positions``, of several works each, are answered: ``outputs`` each one's outputs, with when
-        its first batch started and its last ended."""
+        """Requests at ``positions`` are answered by a batch that ran from ``started`` to ``ended`` (perf_counter):
+        ``outputs`` holds each one's output (a list, or an array whose rows they are)."""
 
     def failed(self, job: HopJob, positions: Sequence[int], error: Exception) -> None:
         """Requests at ``positions`` failed with ``error`` (a deadline passed)."""
@@ -42,25 +39,26 @@ _NO_DEADLINE = float("inf")
 
 
 class HopJob:
-    """Requests ``job_ids`` (one hop's, for one lane) whose works are ``works``, in order: request k has works
-    ``work_counts[k]`` (None: one work each, the usual case); ``deadlines``: each request's (event-loop time; inf:
-    none)."""
+    """Requests ``job_ids`` (one hop's, for one lane), request k's one work ``works[k]``; ``deadlines``: each
+    request's (event-loop time; inf: none); ``tag``: the owner's handle (the engine process: the front end and
+    lane)."""
 
     parts = True
     # What most hops never change, read from the class until they do (a hop's job is made per hop: fewer stores).
-    done = cancelled = dirty = False  # dirty: a request ended unanswered, so its queued works must leave (prune)
+    done = cancelled = dirty = False  # dirty: a request ended unanswered, so its queued work must leave (prune)
     error: BaseException | None = None
     future = None
-    request_of: np.ndarray | None = None  # with several works a request: each work's request
     queued = 0
 
-    def __init__(self, job_ids: list[int], works: list[Work], work_counts: list[int] | None,
-                 deadlines: list[float], owner: HopOwner, tag: object = None) -> None:
+    def __init__(self, job_ids: list[int], works: list[Work], deadlines: list[float], owner: HopOwner,
+                 tag: object = None) -> None:
+        if len(works) != len(job_ids):
+            raise ValueError(f"a hop's job has one work a request: {len(works)} works for {len(job_ids)} requests")
         self.job_ids = job_ids
         self.works = works
         self.owner = owner
         self.on_settled = owner.settled
-        self.tag = tag  # the owner's handle (the engine process: the front end it answers)
+        self.tag = tag
         size = len(job_ids)
         self.weight = self.open = size  # requests waiting in the queue (BucketQueue.dropped), and live
         self.buckets: set[int] = set()
@@ -72,13 +70,6 @@ class HopJob:
             self._earliest = self._latest = deadlines[0]
         else:
             self._earliest, self._latest = min(deadlines), max(deadlines)  # of the live requests: bounds
-        if work_counts is not None:  # outputs gathered per request, answered when its last work is back
-            self.request_of = np.repeat(np.arange(size), work_counts)
-            self.first_work = np.concatenate(([0], np.cumsum(work_counts)))
-            self.remaining = np.asarray(work_counts, dtype=np.int64)
-            self.outputs: list = [None] * len(works)
-            self.first_start = np.full(size, np.inf)
-            self.last_end = np.zeros(size)
 
     # ------------------------------------------------------------------ what the batcher asks every job
 
@@ -97,37 +88,21 @@ class HopJob:
         return np.flatnonzero(self.live)
 
     def deliver(self, indices: Sequence[int], outputs: Sequence, first: int, started: float, ended: float) -> bool:
-        """A batch's outputs for the works at ``indices`` (``outputs[first:first + len(indices)]``): every request it
-        finished is answered now. Whether no request is left to wait for."""
+        """A batch's outputs for the works at ``indices`` (``outputs[first:first + len(indices)]``): their requests
+        are answered now. Whether no request is left to wait for."""
         if self.done:
             return False
         outputs = outputs[first:first + len(indices)]
-        if self.request_of is None:  # one work a request: a work's position is its request's
-            positions = indices
-            if self.dirty:  # some ended while this batch ran: their outputs are dropped
-                live = self._live
-                keep = [bool(live[i]) for i in indices]
-                positions = [i for i, k in zip(indices, keep, strict=True) if k]
-                outputs = (outputs[np.array(keep)] if isinstance(outputs, np.ndarray) else
-                           [o for o, k in zip(outputs, keep, strict=True) if k])
-            if positions:
-                self._end(positions)
-                self.owner.answered(self, positions, outputs, started, ended)
-        else:
-            for index, output in zip(indices, outputs, strict=True):
-                self.outputs[index] = output
-            counts = np.bincount(self.request_of[list(indices)], minlength=len(self.job_ids))
-            touched = np.flatnonzero(counts)
-            self.remaining -= counts
-            self.first_start[touched] = np.minimum(self.first_start[touched], started)
-            self.last_end[touched] = np.maximum(self.last_end[touched], ended)
-            finished = touched[(self.remaining[touched] == 0) & self.live[touched]]
-            if finished.size:
-                done = finished.tolist()
-                self._end(done)
-                first = self.first_work
-                self.owner.answered_whole(self, done, [self.outputs[first[r]:first[r + 1]] for r in done],
-                                          self.first_start[finished].tolist(), self.last_end[finished].tolist())
+        positions = indices
+        if self.dirty:  # some ended while this batch ran: their outputs are dropped
+            live = self._live
+            keep = [bool(live[i]) for i in indices]
+            positions = [i for i, k in zip(indices, keep, strict=True) if k]
+            outputs = (outputs[np.array(keep)] if isinstance(outputs, np.ndarray) else
+                       [o for o, k in zip(outputs, keep, strict=True) if k])
+        if positions:
+            self._end(positions)
+            self.owner.answered(self, positions, outputs, started, ended)
         return self.open == 0
 
     # ------------------------------------------------------------------ requests ending one by one
@@ -140,14 +115,13 @@ class HopJob:
             expired = self._expire(now)
         if not self.dirty:
             return None, expired
-        live = self._live if self.request_of is None else self.live[self.request_of]
+        live = self._live
         keep = [bool(live[i]) for i in indices]
         return (None if all(keep) else keep), expired
 
     def _expire(self, now: float) -> int:
         deadlines = np.asarray(self.deadlines)
-        hit = self.live & (deadlines <= now)
-        positions = np.flatnonzero(hit)
+        positions = np.flatnonzero(self.live & (deadlines <= now))
         if positions.size:
             self._end(positions.tolist())
             self.dirty = True

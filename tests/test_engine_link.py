@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
+import pytest
 import zmq
 import zmq.asyncio
 
@@ -151,6 +153,32 @@ def test_a_hops_requests_end_one_by_one_in_the_engine(tiny_artifact, tmp_path):
     assert rows == 1.0
 
 
+def test_a_hop_of_one_sentence_and_longer_requests_answers_each_as_it_left(tiny_artifact, tmp_path):
+    """One hop of three one-sentence requests (one job in the engine) and a request of two sentences (a job of its
+    own): each is answered with its own outputs, in its own order, equal to the same request sent alone."""
+    from conftest import serve_config
+
+    _, artifact = tiny_artifact
+    config = serve_config(artifact, warmup=False)
+
+    def sentence(token: int) -> Work:
+        return Work("sentiment", (Encoding([101, token, 102], [0, 0, 0]),))
+
+    async def main() -> tuple:
+        _, [front], lanes, _, stop = await _engine_with_links(config, tmp_path, 1)
+        requests = [[sentence(7)], [sentence(8), sentence(9)], [sentence(10)], [sentence(11)]]
+        together = await asyncio.gather(*(front.main.submit(works, 5.0).future for works in requests))
+        alone = [await front.main.submit(works, 5.0).future for works in requests]
+        await stop()
+        return together, alone
+
+    together, alone = asyncio.run(main())
+    assert [len(outputs) for outputs in together] == [1, 2, 1, 1]
+    for got, expected in zip(together, alone, strict=True):
+        assert np.allclose(np.stack(got), np.stack(expected), atol=1e-5)
+    assert not np.allclose(together[0][0], together[2][0], atol=1e-6)  # not one answer for all
+
+
 def test_every_front_end_is_told_when_the_queue_turns_full_and_refuses_at_its_door(tiny_artifact, tmp_path):
     """The engine (its host, real lanes of the tiny model) with two front ends' links: front end A fills the queue;
     front end B, with no request of its own there, is told anyway and refuses the next request before it leaves; once
@@ -192,8 +220,6 @@ def test_what_crosses_comes_back_as_it_left():
     """The engine protocol's records, encoded and decoded as the two processes do: rows, deadlines and lanes of a JOBS
     hop; outputs of every task's shape, failures by code and reason, and the queue depths of a RESULTS hop."""
     import msgspec
-    import numpy as np
-    import pytest
 
     from bertzoo.serving.errors import DeadlineExceeded, QueueFull
 
@@ -238,19 +264,18 @@ def test_what_crosses_comes_back_as_it_left():
         protocol.read_results(protocol.Kind.RESULTS.prefix + msgspec.msgpack.encode(
             [[[5, msgspec.msgpack.Ext(2, (4).to_bytes(4, "little") + bytes(4 * 6)), 0.0, 0.0, None]], {}]))
 
-    # A hop's requests answered together: those of one work each from two batches as one [requests, length] array;
-    # those of several works each with their own outputs and times.
-    replies = protocol.Replies()
+    # A hop's one-work requests that one batch answered cross together: a slice of the batch's array as it is, any
+    # other outputs packed as a request's are.
     logits = np.arange(10, dtype=np.float32).reshape(5, 2)
-    replies.add_one_each([10, 11, 12], [0, 2], logits[:2], 1.0, 2.0)
-    replies.add_one_each([10, 11, 12], [1], logits[4:], 3.0, 4.0)
-    replies.add([20], [vectors], [0.5], [5.0])
-    [frame] = protocol.results_message([], {}, replies.blocks())
-    ended = [outcome for block in protocol.read_results(frame).answered for outcome in block.outcomes()]
-    assert [(job_id, [o.tolist() for o in outputs], start, end) for job_id, outputs, start, end in ended] == [
-        (20, [v.tolist() for v in vectors], 0.5, 5.0),
-        (10, [[0.0, 1.0]], 1.0, 2.0), (12, [[2.0, 3.0]], 1.0, 2.0), (11, [[8.0, 9.0]], 3.0, 4.0)]
-    assert protocol.read_results(frame).job_ids() == [20, 10, 12, 11]
+    sliced = logits[1:3]
+    assert protocol.answered_outputs(sliced) is sliced and protocol.answered_outputs([0.5, 0.25]) == [0.5, 0.25]
+    blocks = [protocol.Answered([10, 12], protocol.answered_outputs(logits[:2]), 1.0, 2.0),
+              protocol.Answered([11], protocol.answered_outputs([0.75]), 3.0, 4.0)]
+    [frame] = protocol.results_message([], {}, blocks)
+    crossed = protocol.read_results(frame)
+    assert [(b.job_ids, np.asarray(b.outputs).tolist(), b.started, b.ended) for b in crossed.answered] == [
+        ([10, 12], [[0.0, 1.0], [2.0, 3.0]], 1.0, 2.0), ([11], [0.75], 3.0, 4.0)]
+    assert crossed.job_ids() == [10, 12, 11]
 
     assert protocol.kind_of(b"") is None and protocol.kind_of(bytes([99])) is None
     with pytest.raises(msgspec.ValidationError):  # a header of the wrong shape is refused, not half read

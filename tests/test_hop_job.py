@@ -24,11 +24,6 @@ class Owner:
         assert len(positions) == len(outputs) and started <= ended
         self.answers.append((list(positions), list(outputs)))
 
-    def answered_whole(self, job, positions, outputs, first_start, last_end) -> None:
-        assert len(first_start) == len(last_end) == len(positions) == len(outputs)
-        assert all(s <= e for s, e in zip(first_start, last_end, strict=True))
-        self.answers.append((list(positions), list(outputs)))
-
     def failed(self, job, positions, error) -> None:
         self.failures.append((list(positions), type(error)))
 
@@ -36,10 +31,9 @@ class Owner:
         self.settles.append(job)
 
 
-def hop(owner: Owner, works, counts=None, deadlines=None) -> HopJob:
-    requests = len(works) if counts is None else len(counts)
-    deadlines = [float("inf")] * requests if deadlines is None else deadlines
-    return HopJob(list(range(100, 100 + requests)), works, counts, deadlines, owner)
+def hop(owner: Owner, works, deadlines=None) -> HopJob:
+    deadlines = [float("inf")] * len(works) if deadlines is None else deadlines
+    return HopJob(list(range(100, 100 + len(works))), works, deadlines, owner)
 
 
 async def hold(batcher: Batcher, runner: Runner) -> list:
@@ -109,21 +103,6 @@ def test_a_hop_cancelled_whole_runs_nothing_and_is_not_told():
         await asyncio.sleep(0.05)
         assert [markers for markers, _ in runner.batches] == [[8], [9]]
         assert not owner.answers and not owner.failures and not owner.settles
-
-    run(scenario, runner)
-
-
-def test_requests_of_several_works_are_answered_when_their_last_work_is_back():
-    """Request 0 has a short and a long sentence (two buckets, two batches); request 1 one short one."""
-    runner, owner = Runner(), Owner()
-
-    async def scenario(batcher: Batcher):
-        job = hop(owner, [sentence(4, marker=1), sentence(20, marker=2), sentence(4, marker=3)], counts=[2, 1])
-        batcher.add(job)
-        batcher.start_batches()
-        await until(lambda: owner.settles)
-        assert sorted(runner.batches) == [([1, 3], (2, 8)), ([2], (1, 24))]
-        assert sorted(owner.answers) == [([0], [[10, 20]]), ([1], [[30]])]
 
     run(scenario, runner)
 
