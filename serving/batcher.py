@@ -44,6 +44,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
+
 from .bucket_queue import BucketQueue, QueuedItem
 from .config import BatchSettings
 from .engine import Work, prepare_inputs
@@ -60,8 +62,9 @@ log = logging.getLogger("bertzoo.serving")
 BatchRunner = Callable[[Sequence[Work], dict], Sequence]
 # An engine instance: its batch runner and the one-thread worker (model_worker) it runs on.
 Instance = tuple[BatchRunner, ThreadPoolExecutor]
-# A batch run: the items it ran, their outputs, and when it started and ended (time.perf_counter()).
-Computed = tuple[list[QueuedItem], Sequence, float, float]
+# A batch run: the items it ran, their outputs (as the runner gave them, and as a list), and when it started and ended
+# (time.perf_counter()).
+Computed = tuple[list[QueuedItem], Sequence, list, float, float]
 
 
 @dataclass
@@ -372,12 +375,15 @@ class Batcher:
         if len(outputs) != len(works):
             raise RuntimeError(f"the batch runner gave {len(outputs)} outputs for {len(works)} works")
         ended = time.perf_counter()
+        # One output per work as a list too, made here rather than on the event loop: a request's Job stores its
+        # works' outputs one by one, where a hop's job takes a slice of the runner's array.
+        rows = list(outputs) if isinstance(outputs, np.ndarray) else outputs
         # Observed here, on the worker, not on the event loop every request passes through (the metrics are
         # thread-safe; in a multiprocess server each observation is a lock and a write to a shared file).
         self._batch_seconds.observe(ended - started)
         self._batch_size.observe(inputs["input_ids"].shape[0])
         self._batch_tokens.observe(inputs["input_ids"].size)
-        return items, outputs, started, ended
+        return items, outputs, rows, started, ended
 
     # ------------------------------------------------------------------ outcomes (event loop)
 
@@ -405,11 +411,11 @@ class Batcher:
         self._finished(batch, outcome)
         self._release(instance)
 
-    def _deliver(self, items: list[QueuedItem], outputs: Sequence, started: float, ended: float) -> None:
+    def _deliver(self, items: list[QueuedItem], outputs: Sequence, rows: list, started: float, ended: float) -> None:
         k = 0
         for item in items:
             first, k = k, k + len(item.indices)
-            if item.job.deliver(item.indices, outputs, first, started, ended):
+            if item.job.deliver(item.indices, outputs, rows, first, started, ended):
                 self._settle(item.job)
 
     def _fail(self, batch: _Batch, error: Exception) -> None:

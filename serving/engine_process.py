@@ -106,6 +106,17 @@ class EngineHost:
     def _take(self, peer: bytes, frames: list[bytes]) -> None:
         assert self._main is not None and self._long is not None and self._loop is not None
         requests, cancelled = protocol.read_jobs(frames)
+        if len(requests) == 1 and not cancelled:  # a GPU server's many front ends under light load: the short way
+            lane = self._long if requests[0][0].lane == "long" else self._main
+            try:
+                lane.check_room()
+            except ServingError as e:
+                self._refuse(peer, requests, e)
+            else:
+                self._queue_alone(peer, lane, requests[0], self._loop.time())
+                lane.start_batches()
+            self._schedule_flush()
+            return
         dropped = set(cancelled)
         by_lane: dict[Batcher, list] = {}
         for request in requests:

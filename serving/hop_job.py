@@ -87,9 +87,11 @@ class HopJob:
     def live_positions(self) -> np.ndarray:
         return np.flatnonzero(self.live)
 
-    def deliver(self, indices: Sequence[int], outputs: Sequence, first: int, started: float, ended: float) -> bool:
-        """A batch's outputs for the works at ``indices`` (``outputs[first:first + len(indices)]``): their requests
-        are answered now. Whether no request is left to wait for."""
+    def deliver(self, indices: Sequence[int], outputs: Sequence, rows: list, first: int, started: float,
+                ended: float) -> bool:
+        """A batch's outputs for the works at ``indices`` (``outputs[first:first + len(indices)]``, maybe a slice of
+        one array; ``rows``: the same as a list): their requests are answered now. Whether no request is left to
+        wait for."""
         if self.done:
             return False
         outputs = outputs[first:first + len(indices)]

@@ -55,18 +55,20 @@ class Job:
         telling the batcher may not have run yet."""
         return self.done or (self.future is not None and self.future.done())
 
-    def deliver(self, indices: Sequence[int], outputs: Sequence, first: int, started: float, ended: float) -> bool:
-        """The outputs of the works at ``indices``: ``outputs[first:first + len(indices)]`` of a batch that ran from
-        ``started`` to ``ended`` (perf_counter); whether the job now has every output (the batcher settles it then)."""
+    def deliver(self, indices: Sequence[int], outputs: Sequence, rows: list, first: int, started: float,
+                ended: float) -> bool:
+        """The outputs of the works at ``indices``: ``rows[first:first + len(indices)]`` of a batch that ran from
+        ``started`` to ``ended`` (perf_counter; ``outputs``: the same as the runner gave them, maybe one array);
+        whether the job now has every output (the batcher settles it then)."""
         self.first_start = started if self.first_start is None else min(self.first_start, started)
         self.last_end = ended if self.last_end is None else max(self.last_end, ended)
         if self.done:  # cancelled or failed while its batch ran: the outputs are dropped
             return False
         if len(indices) == 1:
-            self.outputs[indices[0]] = outputs[first]
+            self.outputs[indices[0]] = rows[first]
         else:
             for k, index in enumerate(indices, first):
-                self.outputs[index] = outputs[k]
+                self.outputs[index] = rows[k]
         self.remaining -= len(indices)
         return self.remaining == 0
 
