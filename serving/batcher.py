@@ -42,13 +42,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 
+from .batch import Batch
 from .bucket_queue import BucketQueue, QueuedItem
 from .config import BatchSettings
-from .engine import Work, prepare_inputs
+from .engine import Work
 from .errors import BackendFailure, DeadlineExceeded, QueueFull, Unavailable
 from .hop_job import HopJob
 from .job import Job, awaitable_job
@@ -67,32 +67,6 @@ Instance = tuple[BatchRunner, ThreadPoolExecutor]
 Computed = tuple[list[QueuedItem], Sequence, list, float, float]
 
 
-@dataclass
-class _Batch:
-    items: list[QueuedItem]
-    works: list[Work]  # the items' works, in order (_works_of)
-    bucket: int
-    inputs: dict
-    rows: int
-
-
-def _works_of(items: list[QueuedItem]) -> list[Work]:
-    """The works of ``items``, in order: what the batch runner gets, one output back for each."""
-    return [item.job.works[i] for item in items for i in item.indices]
-
-
-def _rows_of(batch: _Batch, items: list[QueuedItem]) -> dict:
-    """The padded inputs of ``items`` (some of ``batch.items``, in their order) alone."""
-    kept = set(map(id, items))
-    index: list[int] = []
-    row = 0
-    for item in batch.items:
-        if id(item) in kept:
-            index.extend(range(row, row + item.rows))
-        row += item.rows
-    return {name: values[index] for name, values in batch.inputs.items()}
-
-
 class Batcher:
     def __init__(self, run: BatchRunner, bucket_for: Callable[[int], int], pad_id: int, settings: BatchSettings,
                  metrics: Metrics, lane: str = "main", executor: ThreadPoolExecutor | None = None,
@@ -105,7 +79,7 @@ class Batcher:
         self._idle_instances: list[Instance] = []  # instances not running a batch (event loop only)
         # Batches cut ahead while every instance was busy: a worker that finishes a batch takes the next one from
         # here itself, without a round trip through the event loop (deque appends and pops are atomic).
-        self._staged: deque[_Batch] = deque()
+        self._staged: deque[Batch] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._instance_count = 1 + len(self._more_instances)
         self.lane = lane
@@ -319,9 +293,7 @@ class Batcher:
         return taken
 
     def _launch(self, items: list[QueuedItem], bucket: int) -> None:
-        works = _works_of(items)
-        width = bucket if self._settings.pad_to == "bucket" else None
-        batch = _Batch(items, works, bucket, prepare_inputs(works, width, self._pad_id), sum(i.rows for i in items))
+        batch = Batch.cut(items, bucket, bucket if self._settings.pad_to == "bucket" else None, self._pad_id)
         self._in_flight += 1
         if self._idle_instances:
             # The instance that finished last: at low load the same one runs every batch, its weights still warm in
@@ -342,7 +314,7 @@ class Batcher:
 
     # ------------------------------------------------------------------ running (worker thread)
 
-    def _work(self, instance: Instance, batch: _Batch) -> None:
+    def _work(self, instance: Instance, batch: Batch) -> None:
         """Run ``batch`` and then every staged batch on the instance's worker thread, handing each batch's outcome
         to the event loop; when nothing is staged, hand the instance back."""
         assert self._loop is not None
@@ -360,16 +332,12 @@ class Batcher:
             self._loop.call_soon_threadsafe(self._finished, batch, outcome)
             batch = staged
 
-    def _compute(self, run: BatchRunner, batch: _Batch) -> Computed | None:
-        """Run the batch's items whose requests are still waited for and within their deadlines: a batch cut ahead
-        may hold some cancelled or expired since, whose rows leave it so that they never reach the model (the event
-        loop settles them). None when no item is left. Read-only looks at the jobs."""
-        now = time.monotonic()  # the event loop's clock
-        items = [item for item in batch.items if not (item.job.abandoned() or item.job.expired(now))]
-        if not items:
+    def _compute(self, run: BatchRunner, batch: Batch) -> Computed | None:
+        """Run the batch's live part (Batch.live_part: the event loop settles what left it); None when none is."""
+        live = batch.live_part()
+        if live is None:
             return None
-        whole = len(items) == len(batch.items)
-        inputs, works = (batch.inputs, batch.works) if whole else (_rows_of(batch, items), _works_of(items))
+        items, works, inputs = live
         started = time.perf_counter()
         outputs = run(works, inputs)
         if len(outputs) != len(works):
@@ -387,13 +355,13 @@ class Batcher:
 
     # ------------------------------------------------------------------ outcomes (event loop)
 
-    def _expire(self, batch: _Batch, now: float) -> None:
+    def _expire(self, batch: Batch, now: float) -> None:
         """Fail the batch's requests whose deadline has passed (while it waited for the worker, or ran)."""
         for item in batch.items:
             if item.job.expired(now):
                 self._settle(item.job, DeadlineExceeded("the deadline passed while the request was queued"))
 
-    def _finished(self, batch: _Batch, outcome: Computed | Exception | None) -> None:
+    def _finished(self, batch: Batch, outcome: Computed | Exception | None) -> None:
         try:
             if isinstance(outcome, Exception):
                 log.error("batch of %d sequences (bucket %d) failed", batch.rows, batch.bucket, exc_info=outcome)
@@ -407,7 +375,7 @@ class Batcher:
             self._in_flight -= 1
             self._dispatch_soon()
 
-    def _finished_last(self, batch: _Batch, outcome: Computed | Exception | None, instance: Instance) -> None:
+    def _finished_last(self, batch: Batch, outcome: Computed | Exception | None, instance: Instance) -> None:
         self._finished(batch, outcome)
         self._release(instance)
 
@@ -418,6 +386,6 @@ class Batcher:
             if item.job.deliver(item.indices, outputs, rows, first, started, ended):
                 self._settle(item.job)
 
-    def _fail(self, batch: _Batch, error: Exception) -> None:
+    def _fail(self, batch: Batch, error: Exception) -> None:
         for item in batch.items:
             self._settle(item.job, error)
