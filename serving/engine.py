@@ -25,10 +25,10 @@ from .backends.base import EMBED, pool_embeddings, row_index, rows_mask
 Row = Encoding | QAWindow
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs twice as much, and the engine makes one a work
 class Work:
     """Sequences that must share one encoder pass: a sentence (sentiment, embed), a pair's two sentences
-    (paraphrase, similarity: ``rows == (a, b)``) or all windows of one QA item."""
+    (paraphrase, similarity: ``rows == (a, b)``) or all windows of one QA item. Not changed once made."""
 
     task: str
     rows: tuple[Row, ...]

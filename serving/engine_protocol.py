@@ -245,17 +245,26 @@ def read_jobs(frames: Sequence[bytes]) -> tuple[list[tuple[JobHeader, list[Work]
     ids, types = flat[:total], flat[total:]
     jobs = []
     start = row = 0
-    for job in header.jobs:
-        works = []
-        for task, count in job.works:
-            encodings = []
-            for length in lengths[row:row + count]:
-                end = start + length
-                encodings.append(Encoding(ids[start:end], types[start:end]))
-                start = end
-            row += count
-            works.append(Work(task, tuple(encodings)))
-        jobs.append((job, works))
+    try:
+        for job in header.jobs:
+            works = []
+            for task, count in job.works:
+                if count == 1:  # a sentence: most works
+                    end = start + lengths[row]
+                    works.append(Work(task, (Encoding(ids[start:end], types[start:end]),)))
+                    start = end
+                    row += 1
+                    continue
+                encodings = []
+                for length in lengths[row:row + count]:
+                    end = start + length
+                    encodings.append(Encoding(ids[start:end], types[start:end]))
+                    start = end
+                row += count
+                works.append(Work(task, tuple(encodings)))
+            jobs.append((job, works))
+    except IndexError:  # more rows than lengths
+        raise msgspec.ValidationError(f"a JOBS hop's works have more rows than its {len(lengths)} lengths") from None
     if row != len(lengths):
         raise msgspec.ValidationError(f"a JOBS hop's works have {row} rows, its lengths {len(lengths)}")
     return jobs, header.cancelled

@@ -286,6 +286,9 @@ def test_what_crosses_comes_back_as_it_left():
     with pytest.raises(msgspec.ValidationError, match="rows"):  # works whose rows the lengths do not count
         protocol.read_jobs([protocol.Kind.JOBS.prefix + msgspec.msgpack.encode(
             [[[7, "main", None, [["sentiment", 1]]]], [], [3, 4]]), frames[1][:4 * 2 * 7]])
+    with pytest.raises(msgspec.ValidationError, match="more rows than"):  # more sentences than lengths
+        protocol.read_jobs([protocol.Kind.JOBS.prefix + msgspec.msgpack.encode(
+            [[[7, "main", None, [["sentiment", 1], ["sentiment", 1]]]], [], [3]]), frames[1][:4 * 2 * 3]])
 
 
 def test_replicas_share_a_front_ends_requests_by_what_each_has_outstanding(tiny_artifact, tmp_path):
