@@ -2,14 +2,14 @@
 instances (the same :func:`~bertzoo.serving.lanes.open_local_lanes` a one-process server runs), serving the front
 ends' hops over one ZeroMQ ROUTER socket.
 
-A front end's hello is answered once the model is loaded and warmed up (with the model's facts and tokenizer, so
-front ends load nothing themselves). A hop's requests are added to their lanes together, then their batches start, so
-they share one: a hop's several requests for a lane as one :class:`~bertzoo.serving.hop_job.HopJob`, whose batches
-answer the requests they finish in one block each, a hop's one request as a :class:`~bertzoo.serving.job.Job`. Every
-answer joins the hop going back to its front end at the end of that event-loop turn (no future or callback per
-request). Only the parent stops this process, by closing its control pipe after every front end has finished its
-calls: SIGINT and SIGTERM (a terminal's Ctrl-C, or an init system signalling the whole group) are ignored here, so
-the front ends' accepted calls never lose their engine.
+A front end's hello is answered once the model is loaded and warmed up (with the model's facts and tokenizer, so front
+ends load nothing themselves). A hop's requests are added to their lanes together, then their batches start, so they
+share one: a hop's one-work requests for a lane as one :class:`~bertzoo.serving.hop_job.HopJob`, whose batches answer
+the requests they ran in one record each; a hop's only request, and any request of several works, as a
+:class:`~bertzoo.serving.job.Job` of its own. Every answer joins the hop going back to its front end at the end of
+that event-loop turn (no future or callback per request). Only the parent stops this process, by closing its control
+pipe after every front end has finished its calls: SIGINT and SIGTERM (a terminal's Ctrl-C, or an init system
+signalling the whole group) are ignored here, so the front ends' accepted calls never lose their engine.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class EngineHost:
         self._waiting_hellos: list[bytes] = []
         self._jobs: dict[tuple[bytes, int], tuple[Job, Batcher]] = {}  # one-request hops, by (front end, job id)
         self._hops: dict[bytes, set[HopJob]] = defaultdict(set)  # by front end: the hops not answered in full
-        self._outbox: dict[bytes, list[protocol.Outcome]] = defaultdict(list)  # failures
+        self._outbox: dict[bytes, list[protocol.Outcome]] = defaultdict(list)  # a request each: a Job's end, a failure
         self._answered: dict[bytes, list[protocol.Answered]] = defaultdict(list)  # a hop's job's answers
         self._flush_scheduled = False
         # Kept from start(): on Python 3.11 each asyncio.get_running_loop() is a getpid system call, and with one
@@ -108,13 +108,8 @@ class EngineHost:
         requests, cancelled = protocol.read_jobs(frames)
         if len(requests) == 1 and not cancelled:  # a GPU server's many front ends under light load: the short way
             lane = self._long if requests[0][0].lane == "long" else self._main
-            try:
-                lane.check_room()
-            except ServingError as e:
-                self._refuse(peer, requests, e)
-            else:
-                self._queue_alone(peer, lane, requests[0], self._loop.time())
-                lane.start_batches()
+            self._queue(peer, lane, requests)
+            lane.start_batches()
             self._schedule_flush()
             return
         dropped = set(cancelled)
@@ -151,12 +146,11 @@ class EngineHost:
                          QueueFull(f"the server's queue is full ({self._max_queue} requests waiting); retry later"))
             requests = requests[:room]
         singles = [request for request in requests if len(request[1]) == 1]
-        if len(singles) < 2:
+        if len(singles) < 2:  # nothing to share
             singles = []
-        if len(singles) < len(requests):
-            for request in requests:
-                if not singles or len(request[1]) != 1:
-                    self._queue_alone(peer, lane, request, now)
+        for request in requests:
+            if not singles or len(request[1]) != 1:
+                self._queue_alone(peer, lane, request, now)
         if singles:
             deadlines = [_NO_DEADLINE if header.timeout is None else now + header.timeout for header, _ in singles]
             job = HopJob([header.job_id for header, _ in singles], [works[0] for _, works in singles], deadlines,
@@ -175,14 +169,11 @@ class EngineHost:
         """A request's own job ended: its answer joins the next hop back."""
         peer, job_id = job.tag
         self._jobs.pop(job.tag, None)
-        error = job.error
-        if error is None:
+        if job.error is None:
             outcome = protocol.Outcome(job_id, protocol.packed_outputs(job.outputs), job.first_start or 0.0,
                                        job.last_end or 0.0)
         else:
-            if not isinstance(error, ServingError):
-                error = BackendFailure(f"the model failed on this request ({type(error).__name__})")
-            outcome = protocol.Outcome(job_id, failure=protocol.Failure.of(error))
+            outcome = protocol.Outcome(job_id, failure=_failure(job.error))
         self._answer(peer, outcome)
 
     def _refuse(self, peer: bytes, requests: list, error: ServingError) -> None:
@@ -213,9 +204,7 @@ class EngineHost:
         self._schedule_flush()
 
     def failed(self, job: HopJob, positions: Sequence[int], error: Exception) -> None:
-        peer = job.tag[0]
-        failure = protocol.Failure.of(error if isinstance(error, ServingError) else
-                                      BackendFailure(f"the model failed on this request ({type(error).__name__})"))
+        peer, failure = job.tag[0], _failure(error)
         for position in positions:
             self._answer(peer, protocol.Outcome(job.job_ids[position], failure=failure))
         if job.open == 0:
@@ -255,6 +244,14 @@ class EngineHost:
             self._socket.send([peer, *protocol.results_message(outbox.pop(peer, []), waiting,
                                                                answers.pop(peer, []))], then_drain=False)
         self._socket.drain()  # after the sends, which can take the socket's readable edge (HopSocket)
+
+
+def _failure(error: BaseException) -> protocol.Failure:
+    """What crosses for a request that failed with ``error``: a serving error as it is, anything else (the backend's
+    own) as BACKEND_FAILURE, naming only its type."""
+    if not isinstance(error, ServingError):
+        error = BackendFailure(f"the model failed on this request ({type(error).__name__})")
+    return protocol.Failure.of(error)
 
 
 async def run_engine(config: ServeConfig, address: str, control: Connection) -> None:
