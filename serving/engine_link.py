@@ -207,20 +207,23 @@ class EngineLink:
     def _take_results(self, results: protocol.Results) -> None:
         self._waiting = results.waiting
         for outcome in results.outcomes:
-            job = self._pending.pop(outcome.job_id, None)
-            if job is None or job.future.done():
-                continue
             if outcome.failure is not None:
-                job.future.set_exception(outcome.failure.error())
+                job = self._pending.pop(outcome.job_id, None)
+                if job is not None and not job.future.done():
+                    job.future.set_exception(outcome.failure.error())
             else:
-                job.first_start, job.last_end = outcome.first_start, outcome.last_end
-                job.future.set_result(protocol.output_list(outcome.outputs))
+                self._resolve(outcome.job_id, protocol.output_list(outcome.outputs), outcome.first_start,
+                              outcome.last_end)
         for answered in results.answered:
             for job_id, output in zip(answered.job_ids, answered.outputs, strict=True):
-                job = self._pending.pop(job_id, None)
-                if job is not None and not job.future.done():
-                    job.first_start, job.last_end = answered.started, answered.ended
-                    job.future.set_result([output])
+                self._resolve(job_id, [output], answered.started, answered.ended)
+
+    def _resolve(self, job_id: int, outputs: list, first_start: float, last_end: float) -> None:
+        """A request's outputs are back: its call gets them (unless it ended meanwhile)."""
+        job = self._pending.pop(job_id, None)
+        if job is not None and not job.future.done():
+            job.first_start, job.last_end = first_start, last_end
+            job.future.set_result(outputs)
 
     def _watch(self, frames: list[bytes]) -> None:
         """Notice the engine process going away: its end of the connection closes. Every event is read, also after
